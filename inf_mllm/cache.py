@@ -1,0 +1,131 @@
+"""A transformers Cache whose layers evict by policy at turn boundaries and keep positions contiguous.
+
+Each `StreamingLayer` is a `DynamicLayer` that also remembers what its policy needs (the window
+scores of the last prompt, or accumulated attention), evicts to its budget when told, and re-rotates
+the kept keys so they sit at positions 0..K-1. Because the kept tokens are always contiguous, the
+model's default position ids (arange + cache length) and causal mask stay right after a shrink.
+"""
+
+from contextlib import contextmanager
+
+import torch
+from transformers.cache_utils import Cache, DynamicLayer
+
+from . import attention
+from .attention import use_observing_attention
+from .budget import KVShape, layer_budgets
+from .policies import LayerView, Policy, make_policy
+from .rope import rerotate, rope_inv_freq
+from .scoring import step_scores, window_scores
+
+
+class StreamingLayer(DynamicLayer):
+    def __init__(self, layer_idx: int, cache: "StreamingCache"):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.cache = cache
+        self.prompt_len = 0
+        self.window_scores: torch.Tensor | None = None
+        self.acc_scores: torch.Tensor | None = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        new = key_states.shape[-2]
+        if not self.cache.is_decoding:
+            self.prompt_len = new
+        if self.cache.policy.observe == "all":
+            pad = torch.zeros((*keys.shape[:2], new), dtype=torch.float32, device=keys.device)
+            self.acc_scores = pad if self.acc_scores is None else torch.cat([self.acc_scores, pad], dim=-1)
+        if self.cache.policy.observe is not None:
+            attention.announce(self)
+        return keys, values
+
+    def observe(self, query: torch.Tensor, keys: torch.Tensor, scaling: float) -> None:
+        """Called by the attention function with this layer's RoPE'd queries and all its keys."""
+        policy = self.cache.policy
+        if policy.observe == "window" and not self.cache.is_decoding:
+            l = min(policy.window, query.shape[2])
+            self.window_scores = window_scores(query[:, :, -l:], keys, scaling)
+        elif policy.observe == "all":
+            s = step_scores(query, keys, scaling)  # (B, Hq, n)
+            b, hq, n = s.shape
+            self.acc_scores += s.reshape(b, keys.shape[1], hq // keys.shape[1], n).sum(dim=2)
+
+    def evict(self, policy: Policy, budget: int) -> None:
+        n = self.get_seq_length()
+        if n <= budget:
+            return
+        view = LayerView(n, self.prompt_len, self.keys.shape[1], self.window_scores, self.acc_scores)
+        idx = policy.select(view, budget)
+        if idx is None:
+            return
+        b, h, _, d = self.keys.shape
+        idx = idx.to(self.keys.device)
+        idx = idx.expand(b, h, -1) if idx.dim() == 3 else idx[:, None, :].expand(b, h, -1)
+        gather = idx.unsqueeze(-1).expand(-1, -1, -1, d)
+        keys = self.keys.gather(2, gather)
+        delta = torch.arange(idx.shape[-1], device=idx.device) - idx
+        self.keys = rerotate(keys, delta, self.cache.inv_freq) if bool((delta != 0).any()) else keys
+        self.values = self.values.gather(2, gather)
+        if self.acc_scores is not None:
+            self.acc_scores = self.acc_scores.gather(-1, idx)
+        self.window_scores = None
+
+
+class StreamingCache(Cache):
+    """Bounded KV cache for streams: `evict()` at each turn boundary, `step()` after each decode step."""
+
+    def __init__(self, policy: Policy, budgets: list[int] | None, inv_freq: torch.Tensor, num_layers: int):
+        super().__init__(layers=[])
+        self.layers = [StreamingLayer(i, self) for i in range(num_layers)]
+        self.policy = policy
+        self.budgets = budgets
+        self.inv_freq = inv_freq
+        self.is_decoding = False
+        if budgets is not None:
+            for budget in budgets:
+                policy.check(budget)
+
+    @classmethod
+    def for_model(cls, model, policy: str | Policy = "inf_mllm", budget=None, batch: int = 1, **policy_kwargs):
+        """Build a cache for `model`; `budget` is tokens, bytes ("512MB") or a per-layer list."""
+        if isinstance(policy, str):
+            policy = make_policy(policy, **policy_kwargs)
+        inv_freq = rope_inv_freq(model)
+        shape = KVShape.from_config(model.config, torch.finfo(model.dtype).bits // 8, batch)
+        budgets = layer_budgets(budget, shape) if policy.name != "full" else None
+        if policy.observe is not None:
+            use_observing_attention(model)
+        return cls(policy, budgets, inv_freq, shape.num_layers)
+
+    @contextmanager
+    def decoding(self):
+        """Mark forwards as decode steps: they neither open a new turn nor refresh window scores."""
+        self.is_decoding = True
+        try:
+            yield self
+        finally:
+            self.is_decoding = False
+
+    def evict(self) -> None:
+        """Turn boundary: every layer keeps at most its budget, chosen by the policy."""
+        if self.budgets is None:
+            return
+        for layer, budget in zip(self.layers, self.budgets):
+            if layer.is_initialized:
+                layer.evict(self.policy, budget)
+
+    def step(self) -> None:
+        """After a decode step: evict only for policies that evict while decoding (H2O)."""
+        if self.policy.evict_while_decoding:
+            self.evict()
+
+    @property
+    def kv_tokens(self) -> int:
+        return max((layer.get_seq_length() for layer in self.layers), default=0)
+
+    @property
+    def kv_bytes(self) -> int:
+        return sum(
+            layer.keys.nbytes + layer.values.nbytes for layer in self.layers if layer.is_initialized
+        )
