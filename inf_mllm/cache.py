@@ -15,8 +15,7 @@ from . import attention
 from .attention import use_observing_attention
 from .budget import KVShape, layer_budgets
 from .policies import LayerView, Policy, make_policy
-from .rope import rerotate, rope_inv_freq
-from .scoring import step_scores, window_scores
+from .rope import RotationTable, rope_inv_freq
 
 
 class StreamingLayer(DynamicLayer):
@@ -40,16 +39,23 @@ class StreamingLayer(DynamicLayer):
             attention.announce(self)
         return keys, values
 
-    def observe(self, query: torch.Tensor, keys: torch.Tensor, scaling: float) -> None:
-        """Called by the attention function with this layer's RoPE'd queries and all its keys."""
-        policy = self.cache.policy
-        if policy.observe == "window" and not self.cache.is_decoding:
-            l = min(policy.window, query.shape[2])
-            self.window_scores = window_scores(query[:, :, -l:], keys, scaling)
-        elif policy.observe == "all":
-            s = step_scores(query, keys, scaling)  # (B, Hq, n)
-            b, hq, n = s.shape
-            self.acc_scores += s.reshape(b, keys.shape[1], hq // keys.shape[1], n).sum(dim=2)
+    def window_len(self, q_len: int) -> int:
+        """How many of this forward's last queries the policy wants scored (0: none)."""
+        observe = self.cache.policy.observe
+        if observe == "all":
+            return q_len
+        if observe == "window" and not self.cache.is_decoding:
+            return min(self.cache.policy.window, q_len)
+        return 0
+
+    def observe_scores(self, scores: torch.Tensor, l: int) -> None:
+        """Called by the attention function with (B, Hq, n) mean attention of the last l queries."""
+        if self.cache.policy.observe == "window":
+            self.window_scores = scores
+        else:
+            b, hq, n = scores.shape
+            hkv = self.keys.shape[1]
+            self.acc_scores += scores.reshape(b, hkv, hq // hkv, n).sum(dim=2) * l
 
     def evict(self, policy: Policy, budget: int) -> None:
         n = self.get_seq_length()
@@ -61,14 +67,15 @@ class StreamingLayer(DynamicLayer):
             return
         b, h, _, d = self.keys.shape
         idx = idx.to(self.keys.device)
-        idx = idx.expand(b, h, -1) if idx.dim() == 3 else idx[:, None, :].expand(b, h, -1)
-        gather = idx.unsqueeze(-1).expand(-1, -1, -1, d)
+        shared = idx.dim() == 2  # one index set for all heads: rotate once per token, not per head
+        idx = idx[:, None, :] if shared else idx
+        gather = idx.unsqueeze(-1).expand(b, h, -1, d)
         keys = self.keys.gather(2, gather)
-        delta = torch.arange(idx.shape[-1], device=idx.device) - idx
-        self.keys = rerotate(keys, delta, self.cache.inv_freq) if bool((delta != 0).any()) else keys
+        delta = torch.arange(idx.shape[-1], device=idx.device) - idx  # (B, 1 or H, K), <= 0
+        self.keys = self.cache.rotations.rotate(keys, delta) if bool((delta != 0).any()) else keys
         self.values = self.values.gather(2, gather)
         if self.acc_scores is not None:
-            self.acc_scores = self.acc_scores.gather(-1, idx)
+            self.acc_scores = self.acc_scores.gather(-1, idx.expand(b, h, -1))
         self.window_scores = None
 
 
@@ -81,6 +88,7 @@ class StreamingCache(Cache):
         self.policy = policy
         self.budgets = budgets
         self.inv_freq = inv_freq
+        self.rotations = RotationTable(inv_freq)
         self.is_decoding = False
         if budgets is not None:
             for budget in budgets:
@@ -111,7 +119,7 @@ class StreamingCache(Cache):
         """Turn boundary: every layer keeps at most its budget, chosen by the policy."""
         if self.budgets is None:
             return
-        for layer, budget in zip(self.layers, self.budgets):
+        for layer, budget in zip(self.layers, self.budgets, strict=True):
             if layer.is_initialized:
                 layer.evict(self.policy, budget)
 

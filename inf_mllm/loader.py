@@ -83,7 +83,9 @@ def resolve(name_or_path: str) -> Path:
         return target
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").exists():
-        raise AssetError(f"{path} is not a Hugging Face model directory (no config.json); pass `smollm2` or a local model folder")
+        raise AssetError(
+            f"{path} is not a Hugging Face model directory (no config.json): pass `smollm2` or a local model folder"
+        )
     return path
 
 

@@ -2,15 +2,18 @@
 
 Keys are cached after RoPE. Rotations compose, so moving a key from position p to q is one more
 rotation by q - p; doing it in fp32 keeps kept tokens at contiguous positions without recomputing
-them from hidden states.
+them from hidden states. Shifts are integers, so their cos/sin come from a table, not from
+transcendental calls on every eviction.
 """
 
 import torch
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
+def _apply(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate (..., T, D) keys by per-token angles given as (..., T, D/2) cos and sin (half-split layout)."""
+    k = keys.to(torch.float32)
+    k1, k2 = k.chunk(2, dim=-1)
+    return torch.cat((k1 * cos - k2 * sin, k2 * cos + k1 * sin), dim=-1).to(keys.dtype)
 
 
 def rerotate(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -20,10 +23,30 @@ def rerotate(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) ->
     attention scaling some RoPE variants apply to cos/sin is not re-applied: it is already in the key.
     """
     angles = delta.to(torch.float32).unsqueeze(-1) * inv_freq.to(keys.device, torch.float32)
-    angles = torch.cat((angles, angles), dim=-1)
-    k = keys.to(torch.float32)
-    out = k * angles.cos() + rotate_half(k) * angles.sin()
-    return out.to(keys.dtype)
+    return _apply(keys, angles.cos(), angles.sin())
+
+
+class RotationTable:
+    """cos/sin of every backward shift 0..size-1, grown on demand; `rotate` equals `rerotate`."""
+
+    def __init__(self, inv_freq: torch.Tensor):
+        self.inv_freq = inv_freq.to(torch.float32)
+        self.cos = self.sin = torch.empty(0, inv_freq.numel())
+
+    def _grow(self, size: int, device) -> None:
+        size = max(size, 2 * self.cos.shape[0], 1024)
+        shifts = -torch.arange(size, dtype=torch.float64, device=device)[:, None]
+        angles = shifts * self.inv_freq.to(device, torch.float64)
+        self.cos, self.sin = angles.cos().float(), angles.sin().float()
+
+    def rotate(self, keys: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+        back = (-delta).clamp_min(0)
+        if bool((delta > 0).any()):
+            return rerotate(keys, delta, self.inv_freq)
+        need = int(back.max()) + 1
+        if need > self.cos.shape[0] or self.cos.device != keys.device:
+            self._grow(need, keys.device)
+        return _apply(keys, self.cos[back], self.sin[back])
 
 
 def rope_inv_freq(model) -> torch.Tensor:
