@@ -1,0 +1,148 @@
+"""The streaming cache on the real SmolLM2-135M-Instruct (GQA: 9 query heads, 3 KV heads)."""
+
+import pytest
+import torch
+
+from inf_mllm import POLICIES, StreamingCache, StreamSession
+
+BOUNDED = [p for p in POLICIES if p != "full"]
+SMALL = {"inf_mllm": {"window": 16}}
+
+
+def plain_logits(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("batch", [1, 2])
+def test_budget_above_stream_reproduces_plain_model(smol, policy, batch):
+    model, tok = smol
+    torch.manual_seed(0)
+    ids = torch.randint(100, 20000, (batch, 120))
+    want = plain_logits(model, ids)
+    session = StreamSession(model, tok, policy, budget=4096, batch=batch, **SMALL.get(policy, {}))
+    got = torch.cat([session.append(ids[:, i:i + 30]) for i in range(0, 120, 30)], dim=1)
+    assert (got - want).abs().max() <= 1e-4
+    assert session.kv_tokens == 120
+
+
+def test_every_evicting_policy_really_evicts(smol):
+    model, tok = smol
+    ids = torch.randint(100, 20000, (1, 200))
+    for policy in BOUNDED:
+        session = StreamSession(model, tok, policy, budget=64, **SMALL.get(policy, {}))
+        session.append(ids[:, :100])
+        session.append(ids[:, 100:])
+        assert session.kv_tokens == 64, policy
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", BOUNDED)
+def test_long_stream_stays_bounded(smol, policy):
+    """200 turns with answers: the cache and every position stay under budget + turn + answer."""
+    model, tok = smol
+    budget, turn, answer = 32, 8, 2
+    positions = []
+
+    def record(module, args, kwargs, out):
+        positions.append(int(kwargs.get("position_ids", args[-1]).max()))
+
+    hook = model.model.rotary_emb.register_forward_hook(record, with_kwargs=True)
+    try:
+        session = StreamSession(model, tok, policy, budget=budget, **({"window": 8} if policy == "inf_mllm" else {}))
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(200):
+            session.append(torch.randint(100, 20000, (1, turn), generator=gen))
+            assert session.kv_tokens <= budget
+            for _ in session.generate(answer, eos_token_id=[]):
+                assert session.kv_tokens <= budget + answer
+    finally:
+        hook.remove()
+    assert session.seen == 200 * (turn + answer) - 1  # the last answer token waits for the next turn
+    assert max(positions) < budget + turn + answer + 1  # +1: the held-back answer token joins the next turn
+
+
+def test_bytes_budget_and_per_layer_budgets(smol):
+    model, _ = smol
+    per_token = 2 * 3 * 64 * 4 * model.config.num_hidden_layers  # K+V, 3 KV heads, dim 64, fp32
+    cache = StreamingCache.for_model(model, "streaming_llm", budget=f"{per_token * 100}B")
+    assert cache.budgets == [100] * model.config.num_hidden_layers
+    budgets = [32 + i for i in range(model.config.num_hidden_layers)]
+    session_cache = StreamingCache.for_model(model, "window", budget=budgets)
+    with torch.no_grad():
+        model(input_ids=torch.randint(100, 20000, (1, 90)), past_key_values=session_cache)
+    session_cache.evict()
+    assert [layer.get_seq_length() for layer in session_cache.layers] == budgets
+    with pytest.raises(ValueError, match="layers"):
+        StreamingCache.for_model(model, "window", budget=[10, 20])
+
+
+def test_h2o_evicts_during_decoding_but_inf_mllm_does_not(smol):
+    model, tok = smol
+    ids = torch.randint(100, 20000, (1, 80))
+    for policy, grows in [("h2o", False), ("inf_mllm", True)]:
+        session = StreamSession(model, tok, policy, budget=64, **({"window": 16} if policy == "inf_mllm" else {}))
+        session.append(ids)
+        list(session.generate(10, eos_token_id=[]))
+        assert (session.kv_tokens > 64) == grows, policy
+
+
+def test_generate_with_hf_generate_after_eviction(smol):
+    """model.generate(past_key_values=cache) continues correctly from a shrunk, re-rotated cache."""
+    model, tok = smol
+    ids = tok("Once upon a time, in a small village by the sea, there lived an old fisherman who " * 6,
+              return_tensors="pt").input_ids
+    question = tok(" The fisherman", return_tensors="pt").input_ids
+    ours = StreamSession(model, tok, "inf_mllm", budget=64, window=16)
+    ours.append(ids)
+    ours.append(question)
+    want = [int(t) for t in ours.generate(8, eos_token_id=[])]
+
+    theirs = StreamSession(model, tok, "inf_mllm", budget=64, window=16)
+    theirs.append(ids)
+    first = theirs.append(question)[:, -1].argmax(-1, keepdim=True)
+    cached = theirs.kv_tokens
+    assert cached == 64  # evicted and re-rotated before generate sees it
+    # generate slices off what the cache already holds: the prefix ids are placeholders
+    full = torch.cat([torch.zeros(1, cached, dtype=torch.long), first], dim=1)
+    out = model.generate(full, past_key_values=theirs.cache, max_new_tokens=7, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    assert [int(first)] + out[0, cached + 1:].tolist() == want
+
+
+def test_greedy_generate_matches_transformers(smol):
+    model, tok = smol
+    ids = tok("The capital of France is", return_tensors="pt").input_ids
+    session = StreamSession(model, tok, "full")
+    session.append(ids)
+    got = [int(t) for t in session.generate(12, eos_token_id=[])]
+    want = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert got == want[0, ids.shape[1]:].tolist()
+
+
+def test_sampling_is_reproducible_and_streams(smol):
+    model, tok = smol
+    runs = []
+    for _ in range(2):
+        session = StreamSession(model, tok, "inf_mllm", budget=128, window=16)
+        session.append_text("Tell me a story about a dragon.")
+        gen = torch.Generator().manual_seed(7)
+        runs.append([int(t) for t in session.generate(10, do_sample=True, temperature=0.8, top_p=0.9,
+                                                      generator=gen, eos_token_id=[])])
+    assert runs[0] == runs[1] and len(runs[0]) == 10
+
+
+def test_non_rope_model_raises_value_error():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100))
+    with pytest.raises(ValueError, match="rotary"):
+        StreamingCache.for_model(model, "inf_mllm", budget=128)
+
+
+def test_kv_bytes_track_tokens(smol):
+    model, tok = smol
+    session = StreamSession(model, tok, "streaming_llm", budget=64)
+    session.append(torch.randint(100, 20000, (1, 200)))
+    assert session.kv_bytes == 64 * 2 * 3 * 64 * 4 * model.config.num_hidden_layers
