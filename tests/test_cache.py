@@ -106,8 +106,8 @@ def test_generate_with_hf_generate_after_eviction(smol):
     assert cached == 64  # evicted and re-rotated before generate sees it
     # generate slices off what the cache already holds: the prefix ids are placeholders
     full = torch.cat([torch.zeros(1, cached, dtype=torch.long), first], dim=1)
-    out = model.generate(full, past_key_values=theirs.cache, max_new_tokens=7, do_sample=False,
-                         eos_token_id=None, pad_token_id=0)
+    out = model.generate(full, attention_mask=torch.ones_like(full), past_key_values=theirs.cache,
+                         max_new_tokens=7, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert [int(first)] + out[0, cached + 1:].tolist() == want
 
 
