@@ -7,6 +7,7 @@ scores as a by-product, and SDPA handles the rest of the prompt; on CUDA, SDPA c
 and the Triton kernel adds the scores. No model code is patched.
 """
 
+import time
 from contextvars import ContextVar
 
 import torch
@@ -41,6 +42,14 @@ def observing_sdpa(module, query, key, value, attention_mask, **kwargs):
     if layer is None or layer.layer_idx != getattr(module, "layer_idx", None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     _active_layer.set(None)
+    t0 = time.perf_counter()
+    try:
+        return _observed_attention(layer, module, query, key, value, attention_mask, **kwargs)
+    finally:
+        layer.cache.score_s += time.perf_counter() - t0
+
+
+def _observed_attention(layer, module, query, key, value, attention_mask, **kwargs):
     scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
     l = layer.window_len(query.shape[2])
     if l == 0 or query.is_cuda:

@@ -90,6 +90,7 @@ class StreamingCache(Cache):
         self.inv_freq = inv_freq
         self.rotations = RotationTable(inv_freq)
         self.is_decoding = False
+        self.score_s = 0.0  # time spent computing attention scores since the last pop_score_time()
         if budgets is not None:
             for budget in budgets:
                 policy.check(budget)
@@ -127,6 +128,10 @@ class StreamingCache(Cache):
         """After a decode step: evict only for policies that evict while decoding (H2O)."""
         if self.policy.evict_while_decoding:
             self.evict()
+
+    def pop_score_time(self) -> float:
+        spent, self.score_s = self.score_s, 0.0
+        return spent
 
     @property
     def kv_tokens(self) -> int:

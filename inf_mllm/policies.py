@@ -175,3 +175,40 @@ def _require(scores, name):
             "inf_mllm (or call use_observing_attention(model)) so its attention reports to the cache"
         )
     return scores
+
+
+@register
+@dataclass
+class InfMLLMPlus(InfMLLM):
+    """Inf-MLLM with the fixes our measurements called for (see ARCHITECTURE.md):
+
+    - attention sinks are always kept (the first tokens soak up attention; evicting them hurts);
+    - the bias is relative: the oldest candidate loses `bias` x the mean candidate score, so the
+      same b works whether averaged attention is 1e-2 or 1e-4 (it falls as 1/n);
+    - scores are max-pooled over `pool` neighbours, keeping spans rather than lone tokens;
+    - each KV head keeps its own set, scored by its own query group (GQA).
+    """
+
+    name: ClassVar[str] = "inf_mllm_plus"
+    bias: float = 1.0
+    sinks: int = 4
+    pool: int = 7
+
+    def check(self, budget):
+        super().check(budget)
+        if budget < self.window + self.sinks:
+            raise ValueError(f"budget {budget} is smaller than {self.name} window + sinks")
+
+    def select(self, view, budget):
+        l = min(self.window, view.prompt_len)
+        c = view.n - l
+        s = _require(view.window_scores, self.name)[..., :c]
+        b, hq, _ = s.shape
+        s = s.reshape(b, view.num_kv_heads, hq // view.num_kv_heads, c).mean(dim=2)  # (B, Hkv, c)
+        if self.pool > 1:
+            s = torch.nn.functional.max_pool1d(s, self.pool, stride=1, padding=self.pool // 2)
+        s = s + recency_bias(c, self.bias, s.device) * s.mean(dim=-1, keepdim=True)
+        sinks = min(self.sinks, c)
+        s[..., :sinks] = float("inf")
+        top = s.topk(min(budget - l, c), dim=-1).indices
+        return keep_sorted(top, recent(view.n, l, top.device).expand(*top.shape[:-1], -1))

@@ -93,6 +93,10 @@ class StreamSession:
         self._logits = None
         self.last.decode_s = time.perf_counter() - t0
 
+    def discard_pending(self) -> None:
+        """Drop the held-back answer token (when the caller appends its own version of the answer)."""
+        self._pending = None
+
     def answer(self, text: str, max_new_tokens: int = 64, **kwargs) -> str:
         """Append `text` as a turn and return the decoded answer of the first batch row."""
         self.append_text(text)

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from inf_mllm.scoring import window_attention, window_scores_torch
+from inf_mllm.scoring import window_attention
 
 
 def dense_reference(q, k, v, scaling):

@@ -1,0 +1,28 @@
+"""`python -m benchmarks NAME [--quick] [--out DIR]`: stream_ppl, retrieval, latency."""
+
+import argparse
+import importlib
+import sys
+
+NAMES = ("stream_ppl", "retrieval", "latency")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks")
+    parser.add_argument("name", choices=NAMES)
+    parser.add_argument("--quick", action="store_true", help="a short run (about two minutes on 2 cores)")
+    parser.add_argument("--out", default="benchmarks/results", help="output folder (default: benchmarks/results)")
+    parser.add_argument("--policies", nargs="*", help="subset of policies to run")
+    parser.add_argument("--tokens", type=int, help="override the streamed length")
+    args = parser.parse_args(argv)
+    module = importlib.import_module(f"benchmarks.{args.name}")
+    try:
+        module.run(args)
+    except KeyboardInterrupt:
+        print("interrupted: results so far are in", args.out, file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

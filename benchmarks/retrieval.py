@@ -1,0 +1,79 @@
+"""Multi-round line retrieval (the paper's LongEval experiment, adapted to a 135M model).
+
+Each round streams 5 lines `word: 123` (single-token words, 3-digit values), then asks for the value
+of one earlier line with the prompt `word:`; the model's answer is scored, then the true answer is
+appended (the stream holds correct answers, as a transcript would). Accuracy is reported by how
+many tokens back the asked line was.
+"""
+
+import collections
+import random
+import re
+
+from tqdm import tqdm
+
+from inf_mllm import StreamSession, load_model
+
+from .common import policy_configs, print_table, record, write
+from .corpus import gutenberg_text
+
+BUCKETS = ((0, 256, "<256"), (256, 512, "256-512"), (512, 1024, "512-1K"), (1024, 1 << 40, ">=1K"))
+
+
+def key_words(tok, count=1500):
+    """Frequent corpus words that are one token after a newline and before a colon."""
+    freq = collections.Counter(re.findall(r"[a-z]{4,8}", gutenberg_text().lower()))
+    words = [w for w, _ in freq.most_common(6000) if len(tok("\n" + w + ":", add_special_tokens=False).input_ids) == 3]
+    return words[100:100 + count]  # skip function words
+
+
+def bucket(distance):
+    return next(name for lo, hi, name in BUCKETS if lo <= distance < hi)
+
+
+def trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
+    rng = random.Random(seed)
+    keys = rng.sample(words, rounds * 5)
+    session = StreamSession(model, tok, policy, budget=budget, **cfg)
+    lines, results = [], []
+    for r in range(rounds):
+        block = []
+        for i in range(5):
+            value = rng.randint(100, 999)
+            lines.append((keys[r * 5 + i], value, session.seen + len(block)))
+            block.append(f"{keys[r * 5 + i]}: {value}")
+        session.append_text("\n".join(block) + "\n")
+        word, value, pos = rng.choice(lines)
+        session.append_text(f"{word}:")
+        answer = tok.decode([int(t[0]) for t in session.generate(5, eos_token_id=[])])
+        results.append((session.seen - pos, answer.strip().startswith(str(value))))
+        session.discard_pending()
+        session.append_text(f" {value}\n")
+        bar.update(1)
+    return results
+
+
+def run(args):
+    model, tok = load_model()
+    words = key_words(tok)
+    budgets = [256] if args.quick else [256, 512]
+    seeds = [0] if args.quick else [0, 1, 2]
+    rounds = 12 if args.quick else 60
+    plans = [("full", None, {})] + [(p, b, cfg) for b in budgets for p, cfg in policy_configs(args.policies, b).items()
+                                   if p != "full"]
+    records = []
+    with tqdm(total=len(plans) * len(seeds) * rounds, desc="retrieval", unit="round") as bar:
+        for policy, budget, cfg in plans:
+            bar.set_postfix_str(f"{policy}@{budget}")
+            hits = collections.defaultdict(list)
+            for seed in seeds:
+                for distance, ok in trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
+                    hits[bucket(distance)].append(ok)
+                    hits["all"].append(ok)
+            for name in [b[2] for b in BUCKETS] + ["all"]:
+                if hits[name]:
+                    records.append(record("retrieval", policy, budget, "accuracy", sum(hits[name]) / len(hits[name]),
+                                          name))
+            write(args.out, "retrieval", records, ["accuracy"])
+    print_table(records, ["accuracy"])
+    write(args.out, "retrieval", records, ["accuracy"])
