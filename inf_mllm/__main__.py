@@ -1,4 +1,4 @@
-"""`python -m inf_mllm policies` lists the registered eviction policies, one per line."""
+"""`python -m inf_mllm policies` lists the registered policies; `python -m inf_mllm demo` runs the text-stream demo."""
 
 import sys
 
@@ -10,7 +10,11 @@ def main(argv=None) -> int:
     if argv == ["policies"]:
         print("\n".join(POLICIES))
         return 0
-    print("usage: python -m inf_mllm policies", file=sys.stderr)
+    if argv == ["demo"]:
+        from .demo import main as demo
+
+        return demo()
+    print("usage: python -m inf_mllm policies | demo", file=sys.stderr)
     return 2
 
 

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from .attention import ATTN_IMPLEMENTATION
 
@@ -97,7 +98,7 @@ def load_model(name_or_path: str = SMOLLM2, dtype: torch.dtype = torch.float32, 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
-    except (OSError, ValueError, RuntimeError) as err:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as err:
         fix = f"delete {path} and run again to reconvert it" if name_or_path == SMOLLM2 else "check the model files"
         raise AssetError(f"cannot load the model at {path} ({type(err).__name__}): {fix}") from err
     return model.to(device).eval(), tokenizer
