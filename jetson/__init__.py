@@ -1,0 +1,1 @@
+"""Jetson Orin memory probes and the soak runner (planned). Depends on `streaming`."""
