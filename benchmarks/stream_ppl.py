@@ -20,14 +20,15 @@ CHUNK = 64
 
 def stream(model, tok, ids, policy, budget, cfg, segment, bar):
     session = StreamSession(model, tok, policy, budget=budget, **cfg)
+    session.cache.measure_overhead = True
     nll, count, prev, out, shares = 0.0, 0, None, [], []
     evict_s = 0.0
     for start in range(0, ids.numel(), CHUNK):
         chunk = ids[start:start + CHUNK][None]
         t0 = time.perf_counter()
         logits = session.append(chunk)
-        round_s = time.perf_counter() - t0
-        score_s = session.cache.pop_score_time()
+        score_s, probe_s = session.cache.pop_score_time()
+        round_s = time.perf_counter() - t0 - probe_s
         shares.append((session.last.evict_s + score_s) / round_s)
         evict_s += session.last.evict_s
         logp = torch.log_softmax(logits[0].float(), dim=-1)

@@ -42,32 +42,42 @@ def observing_sdpa(module, query, key, value, attention_mask, **kwargs):
     if layer is None or layer.layer_idx != getattr(module, "layer_idx", None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     _active_layer.set(None)
-    t0 = time.perf_counter()
-    try:
-        return _observed_attention(layer, module, query, key, value, attention_mask, **kwargs)
-    finally:
-        layer.cache.score_s += time.perf_counter() - t0
-
-
-def _observed_attention(layer, module, query, key, value, attention_mask, **kwargs):
-    scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
     l = layer.window_len(query.shape[2])
-    if l == 0 or query.is_cuda:
+    if l == 0:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
+    cache = layer.cache
+    if query.is_cuda:
         out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-        if l:
-            layer.observe_scores(window_scores(query[:, :, -l:], key, scaling), l)
+        t0 = _clock(cache, query)
+        layer.observe_scores(window_scores(query[:, :, -l:], key, scaling), l)
+        cache.score_s += _clock(cache, query) - t0
         return out
     b, _, q_len, _ = query.shape
-    n = key.shape[2]
-    mask = _bool_mask(attention_mask, b, q_len, n, query.device)
+    mask = _bool_mask(attention_mask, b, q_len, key.shape[2], query.device)
     win_mask = mask[:, :, -l:] if attention_mask is not None else None  # padding; causality is built in
+    t0 = time.perf_counter()
     win_out, scores = window_attention(query[:, :, -l:], key, value, scaling, win_mask)
     layer.observe_scores(scores, l)
+    fused = time.perf_counter() - t0
+    if cache.measure_overhead:  # what plain SDPA would have spent on these queries: the scores cost the rest
+        t0 = time.perf_counter()
+        sdpa_attention_forward(module, query[:, :, -l:], key, value, mask[:, :, -l:], **kwargs)
+        plain = time.perf_counter() - t0
+        cache.probe_s += plain
+        fused = max(0.0, fused - plain)
+    cache.score_s += fused
     win_out = win_out.transpose(1, 2)
     if l == q_len:
         return win_out.contiguous(), None
     head_out, _ = sdpa_attention_forward(module, query[:, :, :-l], key, value, mask[:, :, :-l], **kwargs)
     return torch.cat([head_out, win_out.to(head_out.dtype)], dim=1), None
+
+
+def _clock(cache, tensor) -> float:
+    if cache.measure_overhead:
+        torch.cuda.synchronize(tensor.device)
+    return time.perf_counter()
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, observing_sdpa)

@@ -12,8 +12,12 @@ import torch
 def _apply(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate (..., T, D) keys by per-token angles given as (..., T, D/2) cos and sin (half-split layout)."""
     k = keys.to(torch.float32)
-    k1, k2 = k.chunk(2, dim=-1)
-    return torch.cat((k1 * cos - k2 * sin, k2 * cos + k1 * sin), dim=-1).to(keys.dtype)
+    h = k.shape[-1] // 2
+    k1, k2 = k[..., :h], k[..., h:]
+    out = torch.empty_like(k)
+    torch.mul(k1, cos, out=out[..., :h]).addcmul_(k2, sin, value=-1)
+    torch.mul(k2, cos, out=out[..., h:]).addcmul_(k1, sin)
+    return out.to(keys.dtype)
 
 
 def rerotate(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import torch
 from inf_mllm import POLICIES, StreamingCache, StreamSession
 
 BOUNDED = [p for p in POLICIES if p != "full"]
-SMALL = {"inf_mllm": {"window": 16}}
+SMALL = {"inf_mllm": {"window": 16}, "inf_mllm_plus": {"window": 16}}
 
 
 def plain_logits(model, ids):
@@ -27,14 +27,45 @@ def test_budget_above_stream_reproduces_plain_model(smol, policy, batch):
     assert session.kv_tokens == 120
 
 
-def test_every_evicting_policy_really_evicts(smol):
+@pytest.mark.parametrize("batch", [1, 2])
+def test_every_evicting_policy_really_evicts(smol, batch):
     model, tok = smol
-    ids = torch.randint(100, 20000, (1, 200))
+    ids = torch.randint(100, 20000, (batch, 200))
     for policy in BOUNDED:
-        session = StreamSession(model, tok, policy, budget=64, **SMALL.get(policy, {}))
+        session = StreamSession(model, tok, policy, budget=64, batch=batch, **SMALL.get(policy, {}))
         session.append(ids[:, :100])
         session.append(ids[:, 100:])
         assert session.kv_tokens == 64, policy
+        layer = session.cache.layers[3]
+        assert layer.keys.shape == (batch, 3, 64, 64) and layer.values.shape == layer.keys.shape
+
+
+def test_turns_as_input_embeddings_match_token_ids(smol):
+    model, tok = smol
+    ids = torch.randint(100, 20000, (1, 150))
+    by_ids = StreamSession(model, tok, "inf_mllm", budget=64, window=16)
+    by_emb = StreamSession(model, tok, "inf_mllm", budget=64, window=16)
+    embed = model.get_input_embeddings()
+    for part in (ids[:, :80], ids[:, 80:]):
+        want = by_ids.append(part)
+        with torch.no_grad():
+            got = by_emb.append(inputs_embeds=embed(part))
+        assert (got - want).abs().max() <= 1e-4
+    assert torch.equal(by_ids.cache.layers[5].keys, by_emb.cache.layers[5].keys)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the Triton scoring path runs only there")
+def test_cuda_session_uses_triton_scores_and_matches_cpu(smol):
+    model, tok = smol
+    ids = torch.randint(100, 20000, (1, 160))
+    cpu = StreamSession(model, tok, "inf_mllm", budget=64, window=16)
+    cpu.append(ids[:, :100], evict=False)
+    cpu_scores = cpu.cache.layers[0].window_scores
+    gpu_model = type(model).from_pretrained(model.name_or_path, attn_implementation="inf_mllm_sdpa").cuda()
+    gpu = StreamSession(gpu_model, tok, "inf_mllm", budget=64, window=16)
+    gpu.append(ids[:, :100].cuda(), evict=False)
+    assert (gpu.cache.layers[0].window_scores.cpu() - cpu_scores).abs().max() <= 1e-4
 
 
 @pytest.mark.slow
@@ -50,7 +81,7 @@ def test_long_stream_stays_bounded(smol, policy):
 
     hook = model.model.rotary_emb.register_forward_hook(record, with_kwargs=True)
     try:
-        session = StreamSession(model, tok, policy, budget=budget, **({"window": 8} if policy == "inf_mllm" else {}))
+        session = StreamSession(model, tok, policy, budget=budget, **({"window": 8} if policy in SMALL else {}))
         gen = torch.Generator().manual_seed(0)
         for _ in range(200):
             session.append(torch.randint(100, 20000, (1, turn), generator=gen))
