@@ -5,6 +5,7 @@ indices of the tokens to keep, in their original order: shape (B, K) for one ind
 shared by its heads, or (B, Hkv, K) for a set per KV head. None means keep everything.
 """
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -52,17 +53,18 @@ def keep_sorted(*parts: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class Policy:
+class Policy(ABC):
     name: ClassVar[str] = "base"
     observe: ClassVar[str | None] = None  # "window": last prompt's window queries; "all": every query
     evict_while_decoding: ClassVar[bool] = False
     window: int = 0  # retrieval window l (only for "window" observers)
 
-    def check(self, budget: int) -> None:
+    def check(self, budget: int) -> None:  # noqa: B027 - most policies fit any budget
         """Raise ValueError if this policy cannot work inside `budget` tokens."""
 
+    @abstractmethod
     def select(self, view: LayerView, budget: int) -> torch.Tensor | None:
-        raise NotImplementedError
+        """Indices to keep, (B, K) or (B, Hkv, K), sorted; None keeps everything."""
 
 
 @register
