@@ -60,30 +60,35 @@ def write(out_dir, name: str, records: list[dict], plot_metrics: list[str], log_
 
 
 def plot(path, name, records, metrics, log_x=False):
+    """One panel per (metric, budget); the full cache is drawn in every budget's panel. Summary records
+    (string x next to numeric x) are left out of the curves."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    budgets = sorted({r["budget"] for r in records if r["metric"] in metrics}, key=lambda b: (b is None, b or 0))
-    fig, axes = plt.subplots(len(metrics), max(1, len(budgets)), figsize=(5 * max(1, len(budgets)), 3.4 * len(metrics)),
+    numeric = any(not isinstance(r["x"], str) for r in records)
+    records = [r for r in records if r["metric"] in metrics and (not numeric or not isinstance(r["x"], str))]
+    budgets = sorted({r["budget"] for r in records if r["budget"] is not None}) or [None]
+    fig, axes = plt.subplots(len(metrics), len(budgets), figsize=(5.5 * len(budgets), 3.6 * len(metrics)),
                              squeeze=False)
     for i, metric in enumerate(metrics):
         for j, budget in enumerate(budgets):
             ax = axes[i][j]
             series = defaultdict(list)
             for r in records:
-                if r["metric"] == metric and (r["budget"] == budget or r["policy"] == "full"):
+                if r["metric"] == metric and (r["budget"] == budget or r["budget"] is None):
                     series[r["policy"]].append((r["x"], r["value"]))
             for policy, points in series.items():
-                xs = [p[0] for p in points]
-                ax.plot(range(len(xs)) if isinstance(xs[0], str) else xs, [p[1] for p in points],
-                        marker="o" if len(points) < 30 else None, label=policy)
-                if isinstance(xs[0], str):
+                xs, ys = [p[0] for p in points], [p[1] for p in points]
+                positions = xs if numeric else range(len(xs))
+                ax.plot(positions, ys, marker="o" if len(points) < 40 else None, markersize=3, label=policy)
+                if not numeric:
                     ax.set_xticks(range(len(xs)), xs)
-            ax.set_title(f"{name}: {metric} (budget {budget})")
-            if log_x and not isinstance(records[0]["x"], str):
-                ax.set_xscale("log")
+            ax.set_title(f"{name}: {metric}" + (f" (budget {budget})" if budget is not None else ""))
+            ax.set_xlabel("streamed tokens" if numeric else "x")
+            if log_x and numeric:
+                ax.set_xscale("log", base=2)
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
     fig.tight_layout()
