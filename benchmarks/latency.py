@@ -65,7 +65,9 @@ def run(args):
             pos = 0
             for checkpoint in checkpoints:
                 if policy == "full" and checkpoint + rounds * (QUESTION + ANSWER) > limit:
-                    break
+                    checkpoint = limit - rounds * (QUESTION + ANSWER)  # the last point inside its context
+                    if checkpoint <= pos:
+                        break
                 while pos < checkpoint:
                     step = min(FEED, checkpoint - pos)
                     session.append(ids[pos:pos + step][None])
