@@ -14,6 +14,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="benchmarks/results", help="output folder (default: benchmarks/results)")
     parser.add_argument("--policies", nargs="*", help="subset of policies to run")
     parser.add_argument("--tokens", type=int, help="override the streamed length")
+    parser.add_argument("--budgets", type=int, nargs="*", help="override the budgets (stream_ppl, retrieval)")
     args = parser.parse_args(argv)
     module = importlib.import_module(f"benchmarks.{args.name}")
     try:

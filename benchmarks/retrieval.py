@@ -56,7 +56,7 @@ def trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
 def run(args):
     model, tok = load_model()
     words = key_words(tok)
-    budgets = [256] if args.quick else [256, 512]
+    budgets = args.budgets or ([256] if args.quick else [256, 512])
     seeds = [0] if args.quick else [0, 1, 2]
     rounds = 12 if args.quick else 40
     plans = [("full", None, {})] + [(p, b, cfg) for b in budgets for p, cfg in policy_configs(args.policies, b).items()

@@ -49,7 +49,7 @@ def stream(model, tok, ids, policy, budget, cfg, segment, bar):
 
 def run(args):
     model, tok = load_model()
-    budgets = [256, 1024] if args.quick else [256, 512, 1024]
+    budgets = args.budgets or ([256, 1024] if args.quick else [256, 512, 1024])
     length = args.tokens or (4096 if args.quick else 65536)
     segment = 512 if args.quick else 1024
     full_len = min(length, 2048 if args.quick else model.config.max_position_embeddings)
