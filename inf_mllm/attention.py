@@ -54,15 +54,19 @@ def observing_sdpa(module, query, key, value, attention_mask, **kwargs):
         cache.score_s += _clock(cache, query) - t0
         return out
     b, _, q_len, _ = query.shape
-    mask = _bool_mask(attention_mask, b, q_len, key.shape[2], query.device)
-    win_mask = mask[:, :, -l:] if attention_mask is not None else None  # padding; causality is built in
+    # transformers' mask matters in the window only for padding (causality is built in there); the
+    # causal mask for SDPA is built only when SDPA runs on part of the prompt
+    def full_mask():
+        return _bool_mask(attention_mask, b, q_len, key.shape[2], query.device)
+
+    win_mask = None if attention_mask is None else full_mask()[:, :, -l:]
     t0 = time.perf_counter()
     win_out, scores = window_attention(query[:, :, -l:], key, value, scaling, win_mask)
     layer.observe_scores(scores, l)
     fused = time.perf_counter() - t0
     if cache.measure_overhead:  # what plain SDPA would have spent on these queries: the scores cost the rest
         t0 = time.perf_counter()
-        sdpa_attention_forward(module, query[:, :, -l:], key, value, mask[:, :, -l:], **kwargs)
+        sdpa_attention_forward(module, query[:, :, -l:], key, value, full_mask()[:, :, -l:], **kwargs)
         plain = time.perf_counter() - t0
         cache.probe_s += plain
         fused = max(0.0, fused - plain)
@@ -70,7 +74,7 @@ def observing_sdpa(module, query, key, value, attention_mask, **kwargs):
     win_out = win_out.transpose(1, 2)
     if l == q_len:
         return win_out.contiguous(), None
-    head_out, _ = sdpa_attention_forward(module, query[:, :, :-l], key, value, mask[:, :, :-l], **kwargs)
+    head_out, _ = sdpa_attention_forward(module, query[:, :, :-l], key, value, full_mask()[:, :, :-l], **kwargs)
     return torch.cat([head_out, win_out.to(head_out.dtype)], dim=1), None
 
 

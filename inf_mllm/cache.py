@@ -67,8 +67,8 @@ class StreamingLayer(DynamicLayer):
             return
         b, h, _, d = self.keys.shape
         idx = idx.to(self.keys.device)
-        shared = idx.dim() == 2  # one index set for all heads: rotate once per token, not per head
-        idx = idx[:, None, :] if shared else idx
+        # one index set for all heads stays (B, 1, K): its shifts and rotation angles are computed once per token
+        idx = idx[:, None, :] if idx.dim() == 2 else idx
         gather = idx.unsqueeze(-1).expand(b, h, -1, d)
         keys = self.keys.gather(2, gather)
         delta = torch.arange(idx.shape[-1], device=idx.device) - idx  # (B, 1 or H, K), <= 0

@@ -75,12 +75,14 @@ class StreamSession:
             raise ValueError("append a turn before generating")
         eos = _eos_set(eos_token_id if eos_token_id is not None else self.model.generation_config.eos_token_id)
         logits, done = self._logits, torch.zeros(self.batch, dtype=torch.bool, device=self.device)
+        eos_ids = torch.tensor(sorted(eos), dtype=torch.long, device=self.device)
+        filler = min(eos, default=0)  # what finished rows emit while others continue
         t0 = time.perf_counter()
         with self.cache.decoding():
             for step in range(max_new_tokens):
                 token = _pick(logits, do_sample, temperature, top_p, generator)
-                token = torch.where(done, token.new_full(token.shape, next(iter(eos), 0)), token)
-                done |= torch.isin(token, torch.tensor(sorted(eos), device=token.device)) if eos else done
+                token = torch.where(done, token.new_full(token.shape, filler), token)
+                done |= torch.isin(token, eos_ids)
                 self.last.decoded = step + 1
                 yield token
                 if bool(done.all()) or step == max_new_tokens - 1:
