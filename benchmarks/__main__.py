@@ -1,10 +1,10 @@
-"""`python -m benchmarks NAME [--quick] [--out DIR]`: stream_ppl, retrieval, latency."""
+"""`python -m benchmarks NAME [--quick] [--out DIR]`: stream_ppl, retrieval, latency, tiny_vlm."""
 
 import argparse
 import importlib
 import sys
 
-NAMES = ("stream_ppl", "retrieval", "latency")
+NAMES = ("stream_ppl", "retrieval", "latency", "tiny_vlm", "video_qa")
 
 
 def main(argv=None) -> int:
@@ -13,7 +13,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a short run (about two minutes on 2 cores)")
     parser.add_argument("--out", default="benchmarks/results", help="output folder (default: benchmarks/results)")
     parser.add_argument("--policies", nargs="*", help="subset of policies to run")
-    parser.add_argument("--tokens", type=int, help="override the streamed length")
+    parser.add_argument("--tokens", type=int, help="override the streamed length (tiny_vlm: questions per setting)")
     parser.add_argument("--budgets", type=int, nargs="*", help="override the budgets (stream_ppl, retrieval)")
     args = parser.parse_args(argv)
     module = importlib.import_module(f"benchmarks.{args.name}")

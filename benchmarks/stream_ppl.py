@@ -21,7 +21,7 @@ CHUNK = 64
 def stream(model, tok, ids, policy, budget, cfg, segment, bar):
     session = StreamSession(model, tok, policy, budget=budget, **cfg)
     session.cache.measure_overhead = True
-    nll, count, prev, out, shares = 0.0, 0, None, [], []
+    nll, count, prev, shares = 0.0, 0, None, []
     evict_s = 0.0
     for start in range(0, ids.numel(), CHUNK):
         chunk = ids[start:start + CHUNK][None]
@@ -41,10 +41,9 @@ def stream(model, tok, ids, policy, budget, cfg, segment, bar):
         prev = logp[-1]
         end = start + chunk.shape[1]
         if end % segment == 0:
-            out.append((end, math.exp(nll / count), session.kv_tokens, median(shares)))
+            yield end, math.exp(nll / count), session.kv_tokens, median(shares)
             nll, count, shares = 0.0, 0, []
         bar.update(chunk.shape[1])
-    return out
 
 
 def run(args):
@@ -63,10 +62,12 @@ def run(args):
     with tqdm(total=sum(p[3] for p in plans), unit="tok", desc="stream_ppl") as bar:
         for policy, budget, cfg, n in plans:
             bar.set_postfix_str(f"{policy}@{budget}")
-            for x, ppl, kv, share in stream(model, tok, ids[:n], policy, budget, cfg, segment, bar):
+            for i, (x, ppl, kv, share) in enumerate(stream(model, tok, ids[:n], policy, budget, cfg, segment, bar)):
                 records += [record("stream_ppl", policy, budget, "ppl", ppl, x),
                             record("stream_ppl", policy, budget, "kv_tokens", kv, x),
                             record("stream_ppl", policy, budget, "evict_share", share, x)]
+                if i % 64 == 63:  # long runs keep what they have measured if stopped
+                    write(args.out, "stream_ppl", records, [])
             write(args.out, "stream_ppl", records, ["ppl"], log_x=True)
     summary = summarize(records, full_len)
     print_table(summary, ["ppl", "evict_share"])

@@ -1,0 +1,212 @@
+"""Multi-round video QA (the paper's Table 1 protocol, rebuilt with what runs here).
+
+A video is made of easy-VQA *test* images, each shown as one clip of a few seconds, written as a real
+mp4 with OpenCV. Round k adds clip k and asks about clip k or an earlier one ("In clip j, …"). The
+video goes through the real pipeline (file source → engine → tiny-vlm → bounded cache) for 5, 10
+and 300 rounds, for each policy at one budget, plus a full cache capped at 4× the budget's memory,
+which runs out of memory at some round as the unbounded models in the paper do.
+"""
+
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from models.tiny_vlm.data import group_by_image, image_paths, load_image, named, questions
+from streaming.engine import TurnEngine
+from streaming.questions import Question, Schedule
+from streaming.sources import FileSource
+
+from .common import policy_configs, print_table, record, rss_mb, write
+
+CLIP_S = 2.0  # seconds each image is on screen
+VIDEO_FPS = 4
+SIZE = 128
+POLICIES = ("full", "window", "streaming_llm", "h2o", "inf_mllm", "inf_mllm_plus")
+BACK_BUCKETS = ((0, 0), (1, 4), (8, 16), (32, 64), (128, 256))
+
+
+class OutOfMemory(Exception):
+    pass
+
+
+def make_video(path: Path, images: list[np.ndarray]) -> Path:
+    import cv2
+
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), VIDEO_FPS, (SIZE, SIZE))
+    for img in images:
+        frame = cv2.cvtColor(cv2.resize(img, (SIZE, SIZE), interpolation=cv2.INTER_NEAREST), cv2.COLOR_RGB2BGR)
+        for _ in range(int(CLIP_S * VIDEO_FPS)):
+            writer.write(frame)
+    writer.release()
+    return path
+
+
+FAR = (8, 16, 32, 64, 128, 256)
+
+
+def plan(rng: random.Random, rounds: int):
+    """Images for clips 1..rounds and, per round, (clip asked about, question): as in the paper, most
+    rounds ask about the clip just added (60%); 25% ask 1–4 clips back and 15% 8–256 clips back,
+    when the video is that long (else they ask near)."""
+    by_image = group_by_image(questions("test"))
+    images = rng.sample(sorted(by_image), rounds)
+    asks = []
+    for k in range(1, rounds + 1):
+        u, far = rng.random(), [b for b in FAR if b < k]
+        if u < 0.6 or k == 1:
+            back = 0
+        elif u < 0.85 or not far:
+            back = rng.randint(1, min(4, k - 1))
+        else:
+            back = rng.choice(far)
+        asks.append((k - back, rng.choice(by_image[images[k - back - 1]])))
+    return images, asks
+
+
+def bucket(back: int) -> str:
+    for lo, hi in BACK_BUCKETS:
+        if lo <= back <= hi:
+            return f"{lo}" if lo == hi else f"{lo}-{hi}"
+    raise ValueError(back)
+
+
+def run_one(vlm, video: Path, asks, policy: str, budget: int | None, cfg: dict, cap_bytes: int | None, bar):
+    session = vlm.new_session(policy, budget=budget, **cfg)
+    engine = TurnEngine(vlm, session, clip_seconds=CLIP_S, max_new_tokens=4)
+    schedule = Schedule([Question(named(q, j), CLIP_S * k) for k, (j, q) in enumerate(asks, start=1)])
+    per_round, oom = [], None
+
+    def on_clip(clip):
+        if cap_bytes is not None and session.kv_bytes > cap_bytes:
+            raise OutOfMemory(clip.index)
+
+    t0 = time.perf_counter()
+    try:
+        for k, answer in enumerate(engine.run(FileSource(video, fps=1.0), schedule, on_clip=on_clip), start=1):
+            j, q = asks[k - 1]
+            per_round.append({"round": k, "back": k - j, "ok": answer.answer.strip().lower() == q.answer,
+                              "ttft_s": answer.ttft_s, "kv_mb": answer.kv_mb, "rss_mb": answer.rss_mb})
+            if cap_bytes is not None and session.kv_bytes > cap_bytes:
+                raise OutOfMemory(k)
+            bar.update()
+    except OutOfMemory as err:
+        oom = int(err.args[0])
+    return per_round, oom, engine.telemetry, time.perf_counter() - t0
+
+
+def run(args):
+    from models.tiny_vlm.model import TinyVLM
+
+    budget = (args.budgets or [512])[0]
+    round_sets = [5, 10, 30] if args.quick else [5, 10, 300]
+    if args.tokens:
+        round_sets = [args.tokens]
+    names = [p for p in POLICIES if not args.policies or p in args.policies]
+    vlm = TinyVLM()
+    out = Path(args.out)
+    videos = out / "video_qa_videos"
+    videos.mkdir(parents=True, exist_ok=True)
+    records = []
+    total = sum(round_sets) * (len(names) + 1)
+    with tqdm(total=total, desc="video_qa", unit="round") as bar:
+        for rounds in round_sets:
+            rng = random.Random(rounds)
+            images, asks = plan(rng, rounds)
+            paths = image_paths("test")
+            video = make_video(videos / f"easyvqa_{rounds}_rounds.mp4", [load_image(paths[i]) for i in images])
+            configs = policy_configs(names, budget)
+            runs = [(p, None if p == "full" else budget, configs[p], None) for p in names]
+            if "full" in names:
+                runs.append(("full_capped", None, {}, 4 * budget * _bytes_per_token(vlm)))
+            for label, b, cfg, cap in runs:
+                bar.set_postfix_str(f"{label} {rounds}r")
+                policy = "full" if label == "full_capped" else label
+                per_round, oom, tele, wall = run_one(vlm, video, asks, policy, b, cfg, cap, bar)
+                records += summarize(label, budget, rounds, per_round, oom, tele, rounds == max(round_sets))
+                write(out, "video_qa", records, [])
+    print_table([r for r in records if isinstance(r["x"], int) and r["metric"] == "accuracy"
+                 or r["metric"] == "oom_round"], ["accuracy", "oom_round"])
+    path = write(out, "video_qa", records, [])
+    plot(path.with_suffix(".png"), records, budget)
+    orin_protocol(vlm, out, budget, minutes=3 if args.quick else 30)
+    print("RSS at the end:", round(rss_mb()), "MB")
+
+
+def orin_protocol(vlm, out: Path, budget: int, minutes: int, policies=("inf_mllm", "full")):
+    """The paper's Orin demo: a real clip (bikes.mp4) looped to `minutes` of video, a question every
+    30 s of video, memory and time to first token per question. Played as fast as it decodes."""
+    from streaming.questions import every
+    from streaming.sources import bundled_clip
+
+    clip = bundled_clip("bikes.mp4")
+    loops = int(minutes * 60 // FileSource(clip).duration)
+    records = []
+    for policy in policies:
+        session = vlm.new_session(policy, budget=None if policy == "full" else budget,
+                                  **policy_configs([policy], budget)[policy])
+        engine = TurnEngine(vlm, session, clip_seconds=4.0, max_new_tokens=8)
+        schedule = Schedule(every(30, "what is the color of the shape?", loops * 10.0))
+        answers = engine.run(FileSource(clip, fps=1.0, loops=loops), schedule)
+        label = budget if policy != "full" else None
+        for a in tqdm(answers, total=len(schedule.timed), desc=f"orin protocol {policy}"):
+            records += [record("video_qa_orin", policy, label, m, getattr(a, m), round(a.video_t / 60, 2))
+                        for m in ("kv_mb", "rss_mb", "ttft_s", "kv_tokens")]
+        records.append(record("video_qa_orin", policy, budget, "ingest_speed", engine.telemetry.ingest_speed,
+                              f"{minutes} min"))
+    write(out, "video_qa_orin", records, ["kv_mb", "rss_mb", "ttft_s"])
+    print_table([r for r in records if r["metric"] == "ingest_speed"], ["ingest_speed"])
+
+
+def _bytes_per_token(vlm) -> int:
+    cfg = vlm.model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * vlm.model.dtype.itemsize
+
+
+def summarize(label, budget, rounds, per_round, oom, tele, per_round_records: bool):
+    out = []
+    name = "video_qa"
+    if per_round:
+        out.append(record(name, label, budget, "accuracy", np.mean([r["ok"] for r in per_round]), rounds))
+        by_back = defaultdict(list)
+        for r in per_round:
+            by_back[bucket(r["back"])].append(r["ok"])
+        out += [record(name, label, budget, "accuracy", np.mean(v), f"{rounds}r back {k}") for k, v in by_back.items()]
+        for r in per_round if per_round_records else []:
+            out += [record(name, label, budget, m, r[m], r["round"]) for m in ("ttft_s", "kv_mb", "rss_mb")]
+    if tele.ingest_s:
+        out.append(record(name, label, budget, "ingest_speed", tele.ingest_speed, rounds))  # video s per wall s
+    if oom is not None:
+        out.append(record(name, label, budget, "oom_round", oom, rounds))
+    return out
+
+
+def plot(path, records, budget):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+    for metric, ax in zip(("kv_mb", "rss_mb", "ttft_s"), axes, strict=True):
+        series = defaultdict(list)
+        for r in records:
+            if r["metric"] == metric and isinstance(r["x"], int):
+                series[r["policy"]].append((r["x"], r["value"]))
+        for policy, pts in series.items():
+            ax.plot(*zip(*pts, strict=True), label=policy, linewidth=1)
+        for r in records:
+            if r["metric"] == "oom_round" and metric == "kv_mb":
+                ax.axvline(r["value"], color="k", linestyle="--", linewidth=1)
+                ax.annotate("full (4× cap): OOM", (r["value"], ax.get_ylim()[1] * 0.9), fontsize=8)
+        ax.set_xlabel("round")
+        ax.set_title(f"video_qa: {metric} per round (budget {budget})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

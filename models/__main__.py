@@ -1,0 +1,19 @@
+"""`python -m models list` prints the available adapters, one per line: name and description."""
+
+import sys
+
+from . import ADAPTERS
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["list"]:
+        for name, (_, about) in ADAPTERS.items():
+            print(f"{name}\t{about}")
+        return 0
+    print("usage: python -m models list", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

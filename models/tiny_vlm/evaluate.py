@@ -1,0 +1,74 @@
+"""tiny-vlm accuracy on held-out easy-VQA test questions: one image, and one named image among 2, 4 or 8.
+
+Exact match of the greedy answer, computed in one batched teacher-forced pass: greedy decoding
+produces the target answer exactly when, at every answer position, the target token (and finally
+the end-of-turn token) is the argmax. Contexts with several images are prefilled once and their
+questions batched over copies of that cache.
+"""
+
+import random
+from collections import defaultdict
+
+import torch
+from tqdm import tqdm
+from transformers import DynamicCache
+
+from .data import answer_type, group_by_image, named, questions
+from .episodes import IGNORE, pad_batch
+
+
+@torch.inference_mode()
+def _correct(vlm, embeds, targets, mask, cache=None) -> list[bool]:
+    """Per row: is every answer token the argmax at its position?"""
+    if cache is not None:
+        prefix = cache.get_seq_length()
+        mask = torch.cat([mask.new_ones(mask.shape[0], prefix), mask], dim=1)
+    hidden = vlm.model.model(inputs_embeds=embeds, attention_mask=mask, past_key_values=cache,
+                             use_cache=cache is not None).last_hidden_state
+    keep = targets != IGNORE
+    hits = vlm.model.lm_head(hidden[keep]).argmax(-1) == targets[keep]
+    rows = keep.nonzero()[:, 0]
+    wrong = torch.zeros(len(targets), dtype=torch.long, device=rows.device).index_add_(0, rows, (~hits).long())
+    return (wrong == 0).tolist()
+
+
+def _question_part(builder, text, answer):
+    """Embeddings and targets of one question turn with its answer, as appended after a context."""
+    return builder.embed(builder.pieces([("ask", text, answer)])[1:])  # the context holds the system turn
+
+
+def evaluate(vlm, builder, n: int = 1000, contexts=(2, 4, 8), seed: int = 0, batch: int = 32,
+             progress: bool = True) -> dict:
+    """{"all", "colour", "shape", "yes/no", "ctx2", ...: accuracy} over `n` questions per setting."""
+    rng = random.Random(seed)
+    test = questions("test")
+    by_image = group_by_image(test)
+    hits: dict[str, list[bool]] = defaultdict(list)
+    bar = tqdm(total=n * (1 + len(contexts)), desc="tiny-vlm eval", unit="q", disable=not progress)
+    single = rng.sample(test, n)  # one image in context, the question as asked in easy-VQA
+    for start in range(0, n, batch):
+        chunk = single[start:start + batch]
+        items = [builder.embed(builder.pieces([("clip", q.image), ("ask", q.text, q.answer)])) for q in chunk]
+        for q, ok in zip(chunk, _correct(vlm, *pad_batch(items)), strict=True):
+            hits["all"].append(ok)
+            hits[answer_type(q.answer)].append(ok)
+        bar.update(len(chunk))
+    for k in contexts:  # k images in context; each question names its clip
+        done = 0
+        while done < n:
+            images = rng.sample(sorted(by_image), k)
+            asked = []
+            for _ in range(min(k, n - done)):
+                j = rng.randrange(k)
+                asked.append((j + 1, rng.choice(by_image[images[j]])))
+            cache = DynamicCache()
+            context, _ = builder.embed(builder.pieces([("clip", i) for i in images]))
+            with torch.inference_mode():
+                vlm.model.model(inputs_embeds=context[None], past_key_values=cache, use_cache=True)
+                cache.batch_repeat_interleave(len(asked))
+            items = [_question_part(builder, named(q, j), q.answer) for j, q in asked]
+            hits[f"ctx{k}"] += _correct(vlm, *pad_batch(items), cache=cache)
+            done += len(asked)
+            bar.update(len(asked))
+    bar.close()
+    return {key: sum(v) / len(v) for key, v in hits.items()}

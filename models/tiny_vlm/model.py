@@ -1,0 +1,123 @@
+"""tiny-vlm: EfficientNet-Lite0 frame features → MLP projector → SmolLM2-135M-Instruct.
+
+The trained parts (projector, LoRA deltas for the LLM's attention projections) are committed in
+`weights/` and merged into the LLM's weights at load time, so at inference the LLM is a plain
+`LlamaForCausalLM` that the core's cache drives like any other.
+"""
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from torch import nn
+
+from inf_mllm import AssetError, load_model
+
+from ..base import AdapterInfo, VideoAdapter
+from .encoder import CNN_DIM, FEATURE_DIM, GRID
+
+WEIGHTS = Path(__file__).parent / "weights"
+SYSTEM = "<|im_start|>system\nYou watch a video clip by clip and answer questions about it in one word.<|im_end|>"
+
+
+class Projector(nn.Module):
+    """LLaVA-style two-layer MLP from frame features to the LLM's embedding space.
+
+    The CNN features and the colour histogram are normalised separately: under one LayerNorm the
+    1280 CNN channels drown the 64 histogram bins, and colour is then barely learnt.
+    """
+
+    def __init__(self, hidden: int, width: int = 576):
+        super().__init__()
+        self.norm_cnn = nn.LayerNorm(CNN_DIM)
+        self.norm_colour = nn.LayerNorm(FEATURE_DIM - CNN_DIM)
+        self.fc1 = nn.Linear(FEATURE_DIM, width)
+        self.fc2 = nn.Linear(width, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([self.norm_cnn(x[..., :CNN_DIM]), self.norm_colour(x[..., CNN_DIM:])], dim=-1)
+        return self.fc2(nn.functional.gelu(self.fc1(x)))
+
+
+def merge_lora(model: nn.Module, tensors: dict[str, torch.Tensor], scale: float) -> int:
+    """W += scale · B A for every `<module>.lora_A` / `<module>.lora_B` pair; returns how many merged."""
+    modules = dict(model.named_modules())
+    merged = 0
+    for key, a in tensors.items():
+        if not key.endswith(".lora_A"):
+            continue
+        name = key[: -len(".lora_A")]
+        b = tensors[f"{name}.lora_B"]
+        weight = modules[name].weight
+        weight.data += scale * (b.float() @ a.float()).to(weight.dtype)
+        merged += 1
+    return merged
+
+
+class TinyTurns:
+    """tiny-vlm's turn texts (SmolLM2's chat format), shared by every adapter built on tiny-vlm."""
+
+    def system_text(self) -> str:
+        return SYSTEM
+
+    def clip_text(self, index: int, start_s: float = 0.0) -> tuple[str, str]:
+        return f"\n<|im_start|>user\nClip {index}:", "<|im_end|>"
+
+    def question_text(self, question: str) -> str:
+        return f"\n<|im_start|>user\n{question.strip()}<|im_end|>\n<|im_start|>assistant\n"
+
+
+class TinyVLM(TinyTurns, VideoAdapter):
+    name = "tiny-vlm"
+
+    def __init__(self, weights: str | Path = WEIGHTS, device: str = "cpu", trained: bool = True):
+        self.model, self.tokenizer = load_model("smollm2", device=device)
+        hidden = self.model.config.hidden_size
+        self.projector = Projector(hidden).to(device).eval()
+        self.config: dict = {}
+        if trained:
+            self._load(Path(weights))
+        self._encoder = None
+
+    @property
+    def encoder(self):
+        """The frozen frame encoder, loaded on first use (training works from cached features)."""
+        if self._encoder is None:
+            from .encoder import FrameEncoder
+
+            self._encoder = FrameEncoder(str(self.device))
+        return self._encoder
+
+    def _load(self, weights: Path) -> None:
+        fix = "run `python -m models.tiny_vlm.train` to retrain it, or restore models/tiny_vlm/weights from git"
+        try:
+            self.config = json.loads((weights / "config.json").read_text())
+            tensors = load_file(weights / "tiny_vlm.safetensors")
+            projector = {k[len("projector."):]: v.float() for k, v in tensors.items() if k.startswith("projector.")}
+            self.projector.load_state_dict(projector)
+        except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
+            reason = type(err).__name__
+            raise AssetError(f"tiny-vlm weights at {weights} are missing or unreadable ({reason}): {fix}") from err
+        lora = {k[len("lora."):]: v for k, v in tensors.items() if k.startswith("lora.")}
+        with torch.no_grad():
+            merge_lora(self.model, lora, self.config.get("lora_alpha", 1) / max(self.config.get("lora_rank", 1), 1))
+
+    # --- VideoAdapter -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> torch.Tensor:
+        """Frames of one clip are averaged over time: GRID² = 16 visual tokens per clip."""
+        feats = self.encoder(frames).mean(dim=0)
+        return self.project(feats)
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        return self.projector(features.to(self.device, torch.float32))
+
+    def describe(self) -> AdapterInfo:
+        cfg = self.model.config
+        return AdapterInfo(self.name, GRID * GRID, "clip", str(self.model.dtype), str(self.device),
+                           cfg.max_position_embeddings, cfg.hidden_size)

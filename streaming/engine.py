@@ -1,0 +1,160 @@
+"""The turn engine: clips and questions become turns of one streaming session, in video-time order.
+
+Ingest (decode, sample, encode frames into visual embeddings) runs on its own thread behind a
+bounded queue, so the video keeps playing while the model answers; the model thread appends each
+clip as a turn, answers questions between clips, and the cache evicts at every turn boundary. A
+paced (real-time) source that outruns the model drops whole clips rather than falling behind.
+"""
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import psutil
+import torch
+
+from .questions import Question, Schedule
+
+
+@dataclass
+class Clip:
+    index: int  # 1-based, as the model hears it ("Clip 3")
+    start: float
+    end: float
+    visual: torch.Tensor  # (N, hidden) embeddings from the adapter
+    encode_s: float
+
+
+@dataclass
+class Answer:
+    video_t: float
+    question: str
+    answer: str
+    ttft_s: float
+    tokens_per_s: float
+    kv_tokens: int
+    kv_mb: float
+    rss_mb: float
+
+    def as_dict(self) -> dict:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class Telemetry:
+    clips: int = 0
+    dropped: int = 0
+    video_s: float = 0.0
+    ingest_s: float = 0.0  # wall time the ingest thread spent decoding and encoding
+    started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def ingest_speed(self) -> float:
+        """Video seconds encoded per second of ingest work (≥ 1: keeps up with real time)."""
+        return self.video_s / self.ingest_s if self.ingest_s else float("inf")
+
+
+_END = object()
+
+
+class TurnEngine:
+    def __init__(self, adapter, session, clip_seconds: float = 4.0, queue_size: int = 4,
+                 max_new_tokens: int = 16, drop_when_full: bool = False):
+        self.adapter, self.session = adapter, session
+        self.clip_seconds, self.max_new_tokens = clip_seconds, max_new_tokens
+        self.clips: queue.Queue = queue.Queue(maxsize=queue_size)
+        self.drop_when_full = drop_when_full
+        self.stop = threading.Event()
+        self.telemetry = Telemetry()
+        self.error: BaseException | None = None
+        self.video_t = 0.0  # video time covered by the clips in the cache
+
+    # --- ingest thread --------------------------------------------------------------------------
+
+    def _ingest(self, source) -> None:
+        frames, times, index = [], [], 0
+        t0 = time.perf_counter()
+        try:
+            for frame in source:
+                if self.stop.is_set():
+                    return
+                if frames and frame.t - times[0] >= self.clip_seconds:
+                    index += 1
+                    self._emit(index, frames, times, t0)
+                    frames, times, t0 = [], [], time.perf_counter()
+                frames.append(frame.rgb)
+                times.append(frame.t)
+            if frames and not self.stop.is_set():
+                self._emit(index + 1, frames, times, t0)
+        except BaseException as err:  # handed to the model thread, which reports it
+            self.error = err
+        finally:
+            self._put(_END, force=True)
+
+    def _emit(self, index: int, frames, times, t0: float) -> None:
+        with torch.inference_mode():
+            visual = self.adapter.encode_clip(np.stack(frames), times)
+        end = times[-1] + self.clip_seconds / max(len(times), 1)
+        spent = time.perf_counter() - t0
+        self.telemetry.ingest_s += spent
+        self.telemetry.video_s += end - times[0]
+        self._put(Clip(index, times[0], end, visual, spent))
+
+    def _put(self, item, force: bool = False) -> None:
+        while not self.stop.is_set() or force:
+            try:
+                self.clips.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                if self.drop_when_full and not force:
+                    self.telemetry.dropped += 1
+                    return
+        return
+
+    # --- model thread ---------------------------------------------------------------------------
+
+    def run(self, source, schedule: Schedule, on_clip: Callable[[Clip], None] | None = None,
+            on_token: Callable[[Question, str], None] | None = None) -> Iterator[Answer]:
+        """Yield answers in order; clips go in as they arrive. Ends when the source does."""
+        thread = threading.Thread(target=self._ingest, args=(source,), name="ingest", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = self.clips.get()
+                if item is _END:
+                    break
+                for q in schedule.due(item.start):
+                    yield self.answer(q, on_token)
+                self.adapter.append_clip(self.session, item.visual, item.index, item.start)
+                self.video_t = item.end
+                self.telemetry.clips += 1
+                if on_clip:
+                    on_clip(item)
+            if self.error is not None:
+                raise self.error
+            for q in schedule.rest():  # asked after the video ended
+                yield self.answer(q, on_token)
+        finally:
+            self.stop.set()
+            thread.join(timeout=5)
+
+    def answer(self, question: Question, on_token=None) -> Answer:
+        t0 = time.perf_counter()
+        pieces, first, n = [], None, 0
+        for piece in self.adapter.ask(self.session, question.text, self.max_new_tokens):
+            if first is None:
+                first = time.perf_counter()
+            pieces.append(piece)
+            if on_token:
+                on_token(question, piece)
+        end = time.perf_counter()
+        n = self.session.last.decoded
+        first = first or end
+        decode = self.session.last.decode_s
+        return Answer(
+            video_t=self.video_t, question=question.text, answer="".join(pieces).strip(), ttft_s=first - t0,
+            tokens_per_s=n / decode if decode else 0.0, kv_tokens=self.session.kv_tokens,
+            kv_mb=self.session.kv_bytes / 2**20, rss_mb=psutil.Process().memory_info().rss / 2**20)

@@ -1,0 +1,108 @@
+"""When questions are asked: at a video time (`"what is it? @30s"`), every N seconds, or as soon as typed.
+
+A question at video time t is answered once every clip up to t has gone in; a question without a
+time is answered at the next turn boundary.
+"""
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_NUM = r"(\d+(?:\.\d+)?)"
+_TIME = re.compile(rf"^(?:(\d+):)?(?:(\d+):)?{_NUM}$|^(?:{_NUM}h)?(?:{_NUM}m)?(?:{_NUM}s)?$")
+
+
+class QuestionError(ValueError):
+    """A question or schedule the user wrote cannot be read; one line for the user."""
+
+
+@dataclass(frozen=True)
+class Question:
+    text: str
+    at: float | None = None  # video seconds; None: at the next turn boundary
+
+
+def parse_time(text: str) -> float:
+    """Seconds from "90", "90s", "1m30s", "1h", "1:30" or "1:02:03"."""
+    text = text.strip()
+    m = _TIME.match(text)
+    if not text or not m or not any(m.groups()):
+        raise QuestionError(f"cannot read {text!r} as a video time (use e.g. 30s, 1m30s, 1:30)")
+    a, b, c, h, mi, s = m.groups()
+    if c is not None:  # clock form: [[h:]m:]s
+        parts = [float(x) for x in (a, b, c) if x is not None]
+        return sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
+    return float(h or 0) * 3600 + float(mi or 0) * 60 + float(s or 0)
+
+
+def parse_ask(text: str) -> Question:
+    """"question" or "question @time"; an "@" not followed by a digit is part of the question."""
+    body, at, when = text.rpartition("@")
+    if at and body.strip() and when.strip()[:1].isdigit():
+        return Question(_clean(body), parse_time(when))
+    return Question(_clean(text))
+
+
+def _clean(text: str) -> str:
+    text = text.strip()
+    if not text:
+        raise QuestionError("empty question")
+    return text
+
+
+def every(interval: str | float, text: str, until: float) -> list[Question]:
+    """The same question at interval, 2·interval, … up to video time `until`."""
+    step = parse_time(interval) if isinstance(interval, str) else float(interval)
+    if step <= 0:
+        raise QuestionError(f"--every must be a positive time, got {interval!r}")
+    n = int(until // step)
+    return [Question(_clean(text), step * k) for k in range(1, n + 1)]
+
+
+def read_file(path) -> list[Question]:
+    """One question per line, optionally ending in "@time"; blank lines and # comments are skipped."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise QuestionError(f"cannot read question file {path}: {err.strerror}") from err
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise QuestionError(f"question file {path} is not UTF-8 text (byte {err.start})") from err
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            out.append(parse_ask(line))
+        except QuestionError as err:
+            raise QuestionError(f"{path}:{n}: {err}") from err
+    if not out:
+        raise QuestionError(f"question file {path} holds no questions")
+    return out
+
+
+class Schedule:
+    """Timed questions in video-time order, popped as the video reaches them."""
+
+    def __init__(self, questions: list[Question]):
+        self.timed = sorted((q for q in questions if q.at is not None), key=lambda q: q.at)
+        self.now = [q for q in questions if q.at is None]
+
+    def due(self, video_t: float) -> list[Question]:
+        out, self.now = self.now, []
+        while self.timed and self.timed[0].at <= video_t:
+            out.append(self.timed.pop(0))
+        return out
+
+    def add(self, question: Question) -> None:
+        if question.at is None:
+            self.now.append(question)
+        else:
+            self.timed.append(question)
+            self.timed.sort(key=lambda q: q.at)
+
+    def rest(self) -> list[Question]:
+        out, self.now, self.timed = self.now + self.timed, [], []
+        return out

@@ -1,0 +1,155 @@
+"""The turn engine and `stream-qa` end to end with tiny-vlm on real clips, and every bad input the CLI
+must turn into one clear line and a non-zero exit."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from streaming.cli import main
+from streaming.questions import Question, Schedule
+from streaming.sources import FileSource, bundled_clip
+
+STREAM_QA = [sys.executable, "-m", "streaming.cli"]
+
+
+def run_cli(*args, stdin=None, timeout=300):
+    return subprocess.run([*STREAM_QA, *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL if stdin is None else None, input=stdin)
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    from models.tiny_vlm.model import TinyVLM
+
+    return TinyVLM()
+
+
+def test_engine_answers_between_clips_with_a_bounded_cache(vlm):
+    from streaming.engine import TurnEngine
+
+    session = vlm.new_session("inf_mllm", budget=64, window=16)
+    engine = TurnEngine(vlm, session, clip_seconds=2.0)
+    source = FileSource(bundled_clip("bikes.mp4"), fps=1.0, loops=2)  # 20 s of video: 10 clips
+    kv = []
+    schedule = Schedule([Question("what is the color of the shape?", 5.0), Question("is there a circle?", 30.0)])
+    answers = list(engine.run(source, schedule, on_clip=lambda c: kv.append(session.kv_tokens)))
+    assert len(kv) == 10 and max(kv) <= 64  # evicted back to the budget at every boundary
+    assert [a.question for a in answers] == ["what is the color of the shape?", "is there a circle?"]
+    assert answers[0].video_t == pytest.approx(6.0)  # asked at 5 s: answered once the clip covering it is in
+    assert answers[1].video_t == pytest.approx(20.0)  # after the end of the video
+    assert all(a.answer and a.ttft_s > 0 and a.kv_tokens <= 64 + 50 for a in answers)  # budget + question + answer
+    assert engine.telemetry.ingest_speed > 0
+
+
+def test_cli_json_lines(tmp_path):
+    qfile = tmp_path / "q.txt"
+    qfile.write_text("what is the color of the shape? @3s\nis there a triangle?\n")
+    out = run_cli(str(bundled_clip("bikes.mp4")), "--fast", "--questions", str(qfile), "--json",
+                  "--budget", "128", "--ask", "In clip 1, what shape is it? @9s")
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["question"] for r in rows] == ["is there a triangle?", "what is the color of the shape?",
+                                             "In clip 1, what shape is it?"]
+    keys = {"video_t", "question", "answer", "ttft_s", "tokens_per_s", "kv_tokens", "kv_mb", "rss_mb"}
+    assert all(keys <= set(r) and r["kv_tokens"] <= 128 + 40 for r in rows)
+    assert "clip" in out.stderr  # telemetry goes to stderr
+
+
+def test_cli_questions_from_stdin():
+    out = run_cli(str(bundled_clip("carphone_pristine.mp4")), "--fast", "--json", stdin="what is the color?\n")
+    assert out.returncode == 0, out.stderr
+    assert [json.loads(line)["question"] for line in out.stdout.splitlines()] == ["what is the color?"]
+
+
+def _bad(tmp_path):
+    latin = tmp_path / "latin.txt"
+    latin.write_bytes("qu'est-ce qui est \xe9crit ?".encode("latin-1"))
+    malformed = tmp_path / "malformed.txt"
+    malformed.write_text("good question @2s\nbad question @2x\n")
+    text = tmp_path / "text.mp4"
+    text.write_text("not a video\n" * 50)
+    cut = tmp_path / "cut.mp4"
+    data = bundled_clip("bikes.mp4").read_bytes()
+    cut.write_bytes(data[: len(data) // 3])
+    empty = tmp_path / "empty.mp4"
+    empty.write_bytes(b"")
+    clip = str(bundled_clip("bikes.mp4"))
+    return {
+        "missing file": (["nowhere.mp4"], "no such video file"),
+        "not a video": ([str(text)], "not a readable video"),
+        "zero-frame video": ([str(empty)], "not a readable video|no video frames"),
+        "truncated video": ([str(cut), "--fast", "--fps", "5", "--ask", "what?"], "truncated|not a readable video"),
+        "unopenable webcam": (["--webcam", "57"], "cannot open webcam 57"),
+        "unknown policy": ([clip, "--policy", "lru"], "unknown policy 'lru'"),
+        "unknown model": ([clip, "--model", "gpt-9"], "unknown model 'gpt-9'"),
+        "budget too small": ([clip, "--budget", "20", "--window", "4"], "cannot hold one clip turn"),
+        "malformed question file": ([clip, "--questions", str(malformed)], "malformed.txt:2"),
+        "non-UTF-8 question file": ([clip, "--questions", str(latin)], "not UTF-8"),
+        "missing 7B checkpoint": ([clip, "--model", "chat-univi", str(tmp_path / "no-such-ckpt")], ""),
+    }
+
+
+BAD = ["missing file", "not a video", "zero-frame video", "truncated video", "unopenable webcam", "unknown policy",
+       "unknown model", "budget too small", "malformed question file", "non-UTF-8 question file",
+       "missing 7B checkpoint"]
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_input_gives_one_line_and_nonzero_exit(case, tmp_path, capsys):
+    args, message = _bad(tmp_path)[case]
+    code = main(args)  # in-process: the same code path as the console script, without a model reload per case
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0
+    assert err and err[-1].startswith("stream-qa: ") and "Traceback" not in "\n".join(err)
+    import re
+
+    assert re.search(message, err[-1]), err[-1]
+
+
+def test_non_utf8_stdin_is_reported():
+    proc = subprocess.run([*STREAM_QA, str(bundled_clip("carphone_pristine.mp4")), "--fast"],
+                          input=b"\xe9t\xe9\n", capture_output=True, timeout=300)
+    assert proc.returncode != 0
+    assert b"Traceback" not in proc.stderr
+    assert proc.stderr.decode().strip().splitlines()[-1] == "stream-qa: stdin: the question text is not UTF-8"
+
+
+def test_sigterm_stops_cleanly_and_keeps_answered_lines():
+    proc = subprocess.Popen([*STREAM_QA, str(bundled_clip("bikes.mp4")), "--loop", "30", "--json",
+                             "--every", "2s", "--question", "what is the color of the shape?"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()  # real-time playback: the first answer comes after ~2 s of video
+    assert json.loads(first)["question"] == "what is the color of the shape?"
+    proc.send_signal(signal.SIGTERM)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert "Traceback" not in err and "stopped" in err
+    assert all(json.loads(line) for line in rest.splitlines())  # every line written is whole
+
+
+def test_ingest_keeps_up_with_real_time_on_a_file(vlm):
+    """Ingest telemetry on 10 s of real video at 1 fps; the ≥ 2× goal is reported by the benchmark."""
+    from streaming.engine import TurnEngine
+
+    engine = TurnEngine(vlm, vlm.new_session("inf_mllm", budget=128), clip_seconds=4.0)
+    list(engine.run(FileSource(bundled_clip("bikes.mp4")), Schedule([])))
+    assert engine.telemetry.clips == 3 and engine.telemetry.video_s == pytest.approx(12.0)
+    assert np.isfinite(engine.telemetry.ingest_speed)
+
+
+@pytest.mark.skipif(os.environ.get("DISPLAY") is None and not os.path.exists("/dev/video0"),
+                    reason="no webcam on this machine")
+def test_webcam_zero_if_present():
+    from streaming.sources import CaptureSource
+
+    frames = []
+    for frame in CaptureSource(0, fps=2.0, max_seconds=1.5):
+        frames.append(frame)
+    assert frames and frames[0].rgb.ndim == 3
+    time.sleep(0)
