@@ -8,7 +8,6 @@ which runs out of memory at some round as the unbounded models in the paper do.
 """
 
 import random
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -84,7 +83,6 @@ def run_one(vlm, video: Path, asks, policy: str, budget: int | None, cfg: dict, 
         if cap_bytes is not None and session.kv_bytes > cap_bytes:
             raise OutOfMemory(clip.index)
 
-    t0 = time.perf_counter()
     try:
         for k, answer in enumerate(engine.run(FileSource(video, fps=1.0), schedule, on_clip=on_clip), start=1):
             j, q = asks[k - 1]
@@ -95,23 +93,28 @@ def run_one(vlm, video: Path, asks, policy: str, budget: int | None, cfg: dict, 
             bar.update()
     except OutOfMemory as err:
         oom = int(err.args[0])
-    return per_round, oom, engine.telemetry, time.perf_counter() - t0
+    return per_round, oom, engine.telemetry
+
+
+# the ports' token pipelines on tiny-vlm features, run with the paper's policy beside tiny-vlm's full sweep
+PORTS = ("chat-univi-tiny", "flash-vstream-tiny")
 
 
 def run(args):
-    from models.tiny_vlm.model import TinyVLM
+    from models import load_adapter
 
     budget = (args.budgets or [512])[0]
     round_sets = [5, 10, 30] if args.quick else [5, 10, 300]
     if args.tokens:
         round_sets = [args.tokens]
     names = [p for p in POLICIES if not args.policies or p in args.policies]
-    vlm = TinyVLM()
+    vlm = load_adapter("tiny-vlm")
+    ports = {} if args.quick or args.policies else {name: load_adapter(name) for name in PORTS}
     out = Path(args.out)
     videos = out / "video_qa_videos"
     videos.mkdir(parents=True, exist_ok=True)
     records = []
-    total = sum(round_sets) * (len(names) + 1)
+    total = sum(round_sets) * (len(names) + ("full" in names) + len(ports))
     with tqdm(total=total, desc="video_qa", unit="round") as bar:
         for rounds in round_sets:
             rng = random.Random(rounds)
@@ -119,13 +122,14 @@ def run(args):
             paths = image_paths("test")
             video = make_video(videos / f"easyvqa_{rounds}_rounds.mp4", [load_image(paths[i]) for i in images])
             configs = policy_configs(names, budget)
-            runs = [(p, None if p == "full" else budget, configs[p], None) for p in names]
+            runs = [(vlm, p, p, None if p == "full" else budget, configs[p], None) for p in names]
             if "full" in names:
-                runs.append(("full_capped", None, {}, 4 * budget * _bytes_per_token(vlm)))
-            for label, b, cfg, cap in runs:
+                runs.append((vlm, "full_capped", "full", None, {}, 4 * budget * _bytes_per_token(vlm)))
+            inf = policy_configs(["inf_mllm"], budget)["inf_mllm"]
+            runs += [(adapter, f"{name}:inf_mllm", "inf_mllm", budget, inf, None) for name, adapter in ports.items()]
+            for adapter, label, policy, b, cfg, cap in runs:
                 bar.set_postfix_str(f"{label} {rounds}r")
-                policy = "full" if label == "full_capped" else label
-                per_round, oom, tele, wall = run_one(vlm, video, asks, policy, b, cfg, cap, bar)
+                per_round, oom, tele = run_one(adapter, video, asks, policy, b, cfg, cap, bar)
                 records += summarize(label, budget, rounds, per_round, oom, tele, rounds == max(round_sets))
                 write(out, "video_qa", records, [])
     print_table([r for r in records if isinstance(r["x"], int) and r["metric"] == "accuracy"

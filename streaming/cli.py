@@ -15,7 +15,7 @@ from .questions import Question, QuestionError, Schedule, every, parse_ask, read
 from .sources import SourceError, bundled_clip, open_source
 
 DEFAULT_QUESTIONS = ("what is the color of the shape? @4s", "In clip 1, is there a circle? @8s",
-                     "what shape is in the image?")
+                     "what shape is in the image? @10s")
 EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
 
 
@@ -119,9 +119,14 @@ def load_session(args, adapter):
     return session
 
 
+def _interrupt(signum, frame):
+    """SIGTERM stops like Ctrl-C: the answers written so far stay whole."""
+    raise KeyboardInterrupt
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    signal.signal(signal.SIGTERM, _interrupt)
     out = sys.stdout
     try:
         return _run(args, out)
@@ -169,14 +174,15 @@ def _run(args, out) -> int:
               + (f" | dropped {t.dropped}" if t.dropped else ""), file=sys.stderr)
 
     def on_token(question, piece):
-        if not args.json:
-            out.write(piece)
-            out.flush()
+        if args.json:
+            return
+        out.write(f"[{engine.video_t:7.1f}s] Q: {question.text}\n{'':11}A: " if piece is None else piece)
+        out.flush()
 
     for answer in engine.run(source, schedule, on_clip, on_token):
         if args.json:
             out.write(json.dumps(answer.as_dict()) + "\n")
         else:
-            out.write(f"\n  ({answer.ttft_s:.2f}s to first token)\n")
+            out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens)\n")
         out.flush()
     return 0

@@ -97,7 +97,8 @@ class TurnEngine:
     def _emit(self, index: int, frames, times, t0: float) -> None:
         with torch.inference_mode():
             visual = self.adapter.encode_clip(np.stack(frames), times)
-        end = times[-1] + self.clip_seconds / max(len(times), 1)
+        step = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else self.clip_seconds
+        end = times[-1] + step  # the last frame stands for one sampling interval
         spent = time.perf_counter() - t0
         self.telemetry.ingest_s += spent
         self.telemetry.video_s += end - times[0]
@@ -126,7 +127,8 @@ class TurnEngine:
                 item = self.clips.get()
                 if item is _END:
                     break
-                for q in schedule.due(item.start):
+                # questions due by the start of this clip go in before it; nothing is asked of an empty cache
+                for q in schedule.due(item.start) if self.telemetry.clips else []:
                     yield self.answer(q, on_token)
                 self.adapter.append_clip(self.session, item.visual, item.index, item.start)
                 self.video_t = item.end
@@ -142,6 +144,8 @@ class TurnEngine:
             thread.join(timeout=5)
 
     def answer(self, question: Question, on_token=None) -> Answer:
+        if on_token:
+            on_token(question, None)  # announces the question before its first token
         t0 = time.perf_counter()
         pieces, first, n = [], None, 0
         for piece in self.adapter.ask(self.session, question.text, self.max_new_tokens):
