@@ -186,3 +186,7 @@ def _run(args, out) -> int:
             out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens)\n")
         out.flush()
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
