@@ -55,7 +55,7 @@ class FrameEncoder:
 
     @torch.no_grad()
     def __call__(self, frames, batch: int = 32) -> torch.Tensor:
-        frames = torch.as_tensor(np.ascontiguousarray(frames))
+        frames = torch.as_tensor(np.require(frames, requirements=["C", "W"]))  # copies only read-only input
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != torch.uint8:
             raise ValueError(f"frames must be uint8 (T, H, W, 3), got {tuple(frames.shape)} {frames.dtype}")
         out = []
