@@ -111,7 +111,7 @@ def run(args):
     vlm = load_adapter("tiny-vlm")
     ports = {} if args.quick or args.policies else {name: load_adapter(name) for name in PORTS}
     out = Path(args.out)
-    videos = out / "video_qa_videos"
+    videos = Path(".cache/video_qa")  # regenerated deterministically: not committed
     videos.mkdir(parents=True, exist_ok=True)
     records = []
     total = sum(round_sets) * (len(names) + ("full" in names) + len(ports))
