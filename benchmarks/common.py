@@ -49,17 +49,18 @@ def median(values):
     return statistics.median(values) if values else float("nan")
 
 
-def write(out_dir, name: str, records: list[dict], plot_metrics: list[str], log_x: bool = False) -> Path:
+def write(out_dir, name: str, records: list[dict], plot_metrics: list[str], log_x: bool = False,
+          x_label: str = "streamed tokens") -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     path.write_text(json.dumps(records, indent=1))
     if plot_metrics:
-        plot(out / f"{name}.png", name, records, plot_metrics, log_x)
+        plot(out / f"{name}.png", name, records, plot_metrics, log_x, x_label)
     return path
 
 
-def plot(path, name, records, metrics, log_x=False):
+def plot(path, name, records, metrics, log_x=False, x_label="streamed tokens"):
     """One panel per (metric, budget); the full cache is drawn in every budget's panel. Summary records
     (string x next to numeric x) are left out of the curves."""
     import matplotlib
@@ -86,7 +87,7 @@ def plot(path, name, records, metrics, log_x=False):
                 if not numeric:
                     ax.set_xticks(range(len(xs)), xs)
             ax.set_title(f"{name}: {metric}" + (f" (budget {budget})" if budget is not None else ""))
-            ax.set_xlabel("streamed tokens" if numeric else "x")
+            ax.set_xlabel(x_label if numeric else "x")
             if log_x and numeric:
                 ax.set_xscale("log", base=2)
             ax.grid(alpha=0.3)

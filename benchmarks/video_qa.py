@@ -163,7 +163,7 @@ def orin_protocol(vlm, out: Path, budget: int, minutes: int, policies=("inf_mllm
                         for m in ("kv_mb", "rss_mb", "ttft_s", "kv_tokens")]
         records.append(record("video_qa_orin", policy, budget, "ingest_speed", engine.telemetry.ingest_speed,
                               f"{minutes} min"))
-    write(out, "video_qa_orin", records, ["kv_mb", "rss_mb", "ttft_s"])
+    write(out, "video_qa_orin", records, ["kv_mb", "rss_mb", "ttft_s"], x_label="video minutes")
     print_table([r for r in records if r["metric"] == "ingest_speed"], ["ingest_speed"])
 
 
