@@ -76,30 +76,35 @@ class TurnEngine:
 
     def _ingest(self, source) -> None:
         frames, times, index = [], [], 0
-        t0 = time.perf_counter()
+        t0 = self._clock(source)
         try:
             for frame in source:
                 if self.stop.is_set():
                     return
                 if frames and frame.t - times[0] >= self.clip_seconds:
                     index += 1
-                    self._emit(index, frames, times, t0)
-                    frames, times, t0 = [], [], time.perf_counter()
+                    self._emit(index, frames, times, t0, source)
+                    frames, times, t0 = [], [], self._clock(source)
                 frames.append(frame.rgb)
                 times.append(frame.t)
             if frames and not self.stop.is_set():
-                self._emit(index + 1, frames, times, t0)
+                self._emit(index + 1, frames, times, t0, source)
         except BaseException as err:  # handed to the model thread, which reports it
             self.error = err
         finally:
             self._put(_END, force=True)
 
-    def _emit(self, index: int, frames, times, t0: float) -> None:
+    @staticmethod
+    def _clock(source) -> float:
+        """Seconds of ingest work so far: wall time less what a paced source spent waiting for the video."""
+        return time.perf_counter() - getattr(source, "waited_s", 0.0)
+
+    def _emit(self, index: int, frames, times, t0: float, source) -> None:
         with torch.inference_mode():
             visual = self.adapter.encode_clip(np.stack(frames), times)
         step = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else self.clip_seconds
         end = times[-1] + step  # the last frame stands for one sampling interval
-        spent = time.perf_counter() - t0
+        spent = self._clock(source) - t0
         self.telemetry.ingest_s += spent
         self.telemetry.video_s += end - times[0]
         self._put(Clip(index, times[0], end, visual, spent))

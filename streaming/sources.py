@@ -33,10 +33,12 @@ def bundled_clip(name: str = "bikes.mp4") -> Path:
     return path
 
 
-def _pace(start: float, t: float) -> None:
+def _pace(start: float, t: float) -> float:
+    """Sleep until video time `t` on the wall clock; returns the time slept."""
     delay = start + t - time.monotonic()
     if delay > 0:
         time.sleep(delay)
+    return max(delay, 0.0)
 
 
 class FileSource:
@@ -54,6 +56,7 @@ class FileSource:
         if loops < 1:
             raise SourceError(f"--loop must be at least 1, got {loops}")
         self.fps, self.realtime, self.loops, self.backend = fps, realtime, loops, backend
+        self.waited_s = 0.0  # time spent waiting for the video clock, not decoding
         self.native_fps, self.count = self._probe()
         if self.count <= 0:
             raise SourceError(f"{self.path} holds no video frames")
@@ -117,7 +120,7 @@ class FileSource:
             for i, rgb in zip(indices, self._read_pass(indices), strict=True):
                 t = loop * self.duration + i / self.native_fps
                 if self.realtime:
-                    _pace(start, t)
+                    self.waited_s += _pace(start, t)
                 yield Frame(t, rgb)
 
 
