@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from inf_mllm import KVShape
 from models.tiny_vlm.data import group_by_image, image_paths, load_image, named, questions
 from streaming.engine import TurnEngine
 from streaming.questions import Question, Schedule
@@ -29,7 +30,7 @@ BACK_BUCKETS = ((0, 0), (1, 4), (8, 16), (32, 64), (128, 256))
 
 
 class OutOfMemory(Exception):
-    pass
+    """The capped full cache passed its memory cap; carries the round it happened in."""
 
 
 def make_video(path: Path, images: list[np.ndarray]) -> Path:
@@ -168,9 +169,8 @@ def orin_protocol(vlm, out: Path, budget: int, minutes: int, policies=("inf_mllm
 
 
 def _bytes_per_token(vlm) -> int:
-    cfg = vlm.model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * vlm.model.dtype.itemsize
+    shape = KVShape.from_config(vlm.model.config, vlm.model.dtype.itemsize)
+    return shape.bytes_per_token_layer * shape.num_layers
 
 
 def summarize(label, budget, rounds, per_round, oom, tele, per_round_records: bool):

@@ -20,7 +20,7 @@ EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
 
 
 class UsageError(ValueError):
-    pass
+    """A command-line choice that cannot work (unknown model or policy, too small a budget)."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -152,7 +152,7 @@ class TurnEngine:
         if on_token:
             on_token(question, None)  # announces the question before its first token
         t0 = time.perf_counter()
-        pieces, first, n = [], None, 0
+        pieces, first = [], None
         for piece in self.adapter.ask(self.session, question.text, self.max_new_tokens):
             if first is None:
                 first = time.perf_counter()
