@@ -1,6 +1,6 @@
 """chat-univi-tiny: Chat-UniVi's token merging on tiny-vlm, so the merged-token pipeline runs on CPU.
 
-tiny-vlm gives 16 features (4×4 patches, 1344 wide) per frame and maps features to SmolLM2's
+tiny-vlm gives 16 features (4×4 patches, 1408 wide) per frame and maps features to SmolLM2's
 576-d embeddings with its projector. Here a clip's frames are sampled at 1 fps, and their features
 merged exactly as Chat-UniVi merges CLIP features: on features, *before* the projector (Chat-UniVi's
 `project` in ChatUniVi/model/arch.py clusters first and applies `mm_projector` last). The spatial
@@ -35,7 +35,7 @@ class ChatUniViTiny(TinyTurns, VideoAdapter):
     @torch.no_grad()
     def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> torch.Tensor:
         kept = sample_frames(timestamps, len(frames), max_frames=self.max_frames)
-        features = self.vlm.encoder(np.asarray(frames)[kept])  # (T, 16, 1344)
+        features = self.vlm.encoder(np.asarray(frames)[kept])  # (T, 16, 1408)
         return self.vlm.project(merging.clip_tokens(features, STEPS))
 
     def describe(self) -> AdapterInfo:

@@ -1,7 +1,7 @@
 """flash-vstream-tiny: Flash-VStream's STAR memory around tiny-vlm's encoder, projector and SmolLM2.
 
 Runs the whole memory pipeline on a CPU with a real (small) model: tiny-vlm's frame encoder gives
-4×4 = 16 tokens of 1344 features per frame, the STAR memory (sizes below) compresses the stream,
+4×4 = 16 tokens of 1408 features per frame, the STAR memory (sizes below) compresses the stream,
 and tiny-vlm's projector maps the read-out into SmolLM2-135M's embeddings. tiny-vlm was trained on
 clip-averaged tokens, which live in the same feature space as the memory's pooled tokens.
 

@@ -66,8 +66,10 @@ def data_hash(split: str) -> str:
 
 def features(split: str, encoder=None) -> dict[int, torch.Tensor]:
     """image id → (tokens, FEATURE_DIM) float16 frame features, computed once and cached."""
+    from .encoder import VERSION
+
     digest = data_hash(split)
-    path = cache_dir() / "tiny_vlm" / f"easyvqa-{split}-{digest[:16]}.safetensors"
+    path = cache_dir() / "tiny_vlm" / f"easyvqa-{split}-{digest[:16]}-v{VERSION}.safetensors"
     if path.exists():
         return {int(k): v for k, v in load_file(path).items()}
     from .encoder import FrameEncoder
@@ -103,8 +105,22 @@ class Episode:
     first: int = 1
 
 
+def pick_question(rng: random.Random, candidates: list[Question], type_weights: dict[str, float] | None) -> Question:
+    """A question on one image. With `type_weights`, its answer type is drawn first, then its answer
+    uniformly: easy-VQA is 74% yes/no and 13% colour, and its yes/no answers follow the wording
+    ("is there a red shape?" is mostly no, "is there not …" mostly yes), so a model trained on
+    uniform draws learns colour names slowly and answers yes/no from the wording alone."""
+    if type_weights:
+        kind = rng.choices(list(type_weights), weights=list(type_weights.values()))[0]
+        candidates = [q for q in candidates if answer_type(q.answer) == kind] or candidates
+        answer = rng.choice(sorted({q.answer for q in candidates}))
+        candidates = [q for q in candidates if q.answer == answer]
+    return rng.choice(candidates)
+
+
 def sample_episode(rng: random.Random, by_image: dict[int, list[Question]], clips: int,
-                   asks_per_clip: float = 0.6, plain_share: float = 0.3, max_first: int = 1) -> Episode:
+                   asks_per_clip: float = 0.6, plain_share: float = 0.3, max_first: int = 1,
+                   type_weights: dict[str, float] | None = None) -> Episode:
     """`clips` clips; after each, about `asks_per_clip` questions on the current or an earlier clip
     (always at least one after the last). A question on the current clip is sometimes asked without
     naming it, as a viewer would ask about what is on screen now. Half the episodes number their
@@ -119,7 +135,7 @@ def sample_episode(rng: random.Random, by_image: dict[int, list[Question]], clip
             n = max(n, 1)
         for _ in range(n):
             j = k if rng.random() < 0.4 else rng.randint(1, k)
-            q = rng.choice(by_image[images[j - 1]])
+            q = pick_question(rng, by_image[images[j - 1]], type_weights)
             text = q.text if j == k and rng.random() < plain_share else named(q, first + j - 1)
             turns.append(("ask", text, q.answer))
     return Episode(turns, first)

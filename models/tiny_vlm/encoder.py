@@ -1,8 +1,10 @@
-"""Frozen frame features for tiny-vlm: EfficientNet-Lite0 (ImageNet) patches plus per-patch colour histograms.
+"""Frozen frame features for tiny-vlm: EfficientNet-Lite0 (ImageNet) patches plus colour histograms.
 
 ImageNet features pooled over a patch keep shape but lose most of the colour (a red and a brown
 triangle look alike to a classifier trained to be colour-robust), so each of the 4×4 patch tokens
-also carries a 64-bin RGB histogram of the same patch of the raw frame.
+also carries a 64-bin RGB histogram of the same patch of the raw frame, and the frame's foreground
+histogram: pixels weighted by how far they are from the frame's median colour. A small object
+(20 of 4,096 pixels) is a few percent of one patch histogram but most of the foreground one.
 """
 
 import numpy as np
@@ -15,7 +17,10 @@ IMAGE_SIZE = 224  # EfficientNet-Lite0's input: 7×7×1280 features
 GRID = 4  # tokens per frame = GRID²
 LEVELS = 4  # colour quantisation per channel: LEVELS³ histogram bins
 CNN_DIM = 1280
-FEATURE_DIM = CNN_DIM + LEVELS ** 3
+BINS = LEVELS ** 3
+PARTS = (CNN_DIM, BINS, BINS)  # CNN features, patch histogram, frame foreground histogram
+FEATURE_DIM = sum(PARTS)
+VERSION = 2  # bump when the features change: cached training features are keyed by it
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 
@@ -36,14 +41,29 @@ def load_backbone():
     return net.eval().requires_grad_(False)
 
 
-def colour_histograms(frames: torch.Tensor) -> torch.Tensor:
-    """(T, 3, H, W) uint8 → (T, GRID², LEVELS³): the share of each patch's pixels in each colour bin."""
-    small = F.interpolate(frames.float(), size=(GRID * 16, GRID * 16), mode="area")
+def _bins(small: torch.Tensor) -> torch.Tensor:
     q = (small / 256 * LEVELS).long().clamp_(0, LEVELS - 1)
-    bins = (q[:, 0] * LEVELS + q[:, 1]) * LEVELS + q[:, 2]  # (T, 64, 64)
+    return (q[:, 0] * LEVELS + q[:, 1]) * LEVELS + q[:, 2]
+
+
+def colour_histograms(frames: torch.Tensor) -> torch.Tensor:
+    """(T, 3, H, W) uint8 → (T, GRID², BINS): the share of each patch's pixels in each colour bin."""
+    small = F.interpolate(frames.float(), size=(GRID * 16, GRID * 16), mode="area")
+    bins = _bins(small)  # (T, 64, 64)
     t = bins.shape[0]
     patches = bins.view(t, GRID, 16, GRID, 16).permute(0, 1, 3, 2, 4).reshape(t, GRID * GRID, 256)
-    return F.one_hot(patches, LEVELS ** 3).float().mean(dim=2)
+    return F.one_hot(patches, BINS).float().mean(dim=2)
+
+
+def foreground_histograms(frames: torch.Tensor) -> torch.Tensor:
+    """(T, 3, H, W) uint8 → (T, BINS): colour bins weighted by (distance from the median colour / 255)²,
+    summing to 1 (all zero for a frame of one colour). Squaring keeps anti-aliased edges, which sit
+    half-way to the background, from outweighing the object's own colour."""
+    small = F.interpolate(frames.float(), size=(GRID * 16, GRID * 16), mode="area")
+    median = small.flatten(2).median(dim=2).values[..., None, None]  # (T, 3, 1, 1)
+    weight = ((small - median).abs().amax(dim=1) / 255) ** 2  # (T, 64, 64)
+    hist = torch.zeros(small.shape[0], BINS).scatter_add_(1, _bins(small).flatten(1), weight.flatten(1))
+    return hist / hist.sum(dim=1, keepdim=True).clamp_min(1e-6)
 
 
 class FrameEncoder:
@@ -64,5 +84,6 @@ class FrameEncoder:
             img = F.interpolate(x.float() / 255, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", antialias=True)
             feats = self.net.extract_features((img - MEAN.to(self.device)) / STD.to(self.device))
             pooled = F.adaptive_avg_pool2d(feats, GRID).flatten(2).transpose(1, 2)  # (t, 16, 1280)
-            out.append(torch.cat([pooled, colour_histograms(x)], dim=-1).float().cpu())
+            foreground = foreground_histograms(x.cpu())[:, None].expand(-1, GRID * GRID, -1)
+            out.append(torch.cat([pooled.float().cpu(), colour_histograms(x.cpu()), foreground], dim=-1))
         return torch.cat(out)

@@ -18,7 +18,7 @@ from torch import nn
 from inf_mllm import AssetError, load_model
 
 from ..base import AdapterInfo, VideoAdapter
-from .encoder import CNN_DIM, FEATURE_DIM, GRID
+from .encoder import FEATURE_DIM, GRID, PARTS
 
 WEIGHTS = Path(__file__).parent / "weights"
 SYSTEM = "<|im_start|>system\nYou watch a video clip by clip and answer questions about it in one word.<|im_end|>"
@@ -27,19 +27,19 @@ SYSTEM = "<|im_start|>system\nYou watch a video clip by clip and answer question
 class Projector(nn.Module):
     """LLaVA-style two-layer MLP from frame features to the LLM's embedding space.
 
-    The CNN features and the colour histogram are normalised separately: under one LayerNorm the
-    1280 CNN channels drown the 64 histogram bins, and colour is then barely learnt.
+    Each part of the features (CNN channels, patch histogram, foreground histogram) has its own
+    LayerNorm: under one, the 1280 CNN channels drown the 64-bin histograms and colour is barely learnt.
     """
 
     def __init__(self, hidden: int, width: int = 576):
         super().__init__()
-        self.norm_cnn = nn.LayerNorm(CNN_DIM)
-        self.norm_colour = nn.LayerNorm(FEATURE_DIM - CNN_DIM)
+        self.norms = nn.ModuleList(nn.LayerNorm(n) for n in PARTS)
         self.fc1 = nn.Linear(FEATURE_DIM, width)
         self.fc2 = nn.Linear(width, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([self.norm_cnn(x[..., :CNN_DIM]), self.norm_colour(x[..., CNN_DIM:])], dim=-1)
+        parts = x.split(PARTS, dim=-1)
+        x = torch.cat([norm(part) for norm, part in zip(self.norms, parts, strict=True)], dim=-1)
         return self.fc2(nn.functional.gelu(self.fc1(x)))
 
 
