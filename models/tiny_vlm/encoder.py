@@ -41,29 +41,39 @@ def load_backbone():
     return net.eval().requires_grad_(False)
 
 
+def _downsample(frames: torch.Tensor) -> torch.Tensor:
+    return F.interpolate(frames.float(), size=(GRID * 16, GRID * 16), mode="area")
+
+
 def _bins(small: torch.Tensor) -> torch.Tensor:
     q = (small / 256 * LEVELS).long().clamp_(0, LEVELS - 1)
     return (q[:, 0] * LEVELS + q[:, 1]) * LEVELS + q[:, 2]
 
 
-def colour_histograms(frames: torch.Tensor) -> torch.Tensor:
-    """(T, 3, H, W) uint8 → (T, GRID², BINS): the share of each patch's pixels in each colour bin."""
-    small = F.interpolate(frames.float(), size=(GRID * 16, GRID * 16), mode="area")
-    bins = _bins(small)  # (T, 64, 64)
+def _patch_histograms(bins: torch.Tensor) -> torch.Tensor:
     t = bins.shape[0]
     patches = bins.view(t, GRID, 16, GRID, 16).permute(0, 1, 3, 2, 4).reshape(t, GRID * GRID, 256)
     return F.one_hot(patches, BINS).float().mean(dim=2)
+
+
+def _foreground_histograms(small: torch.Tensor, bins: torch.Tensor) -> torch.Tensor:
+    median = small.flatten(2).median(dim=2).values[..., None, None]  # (T, 3, 1, 1)
+    weight = ((small - median).abs().amax(dim=1) / 255) ** 2  # (T, 64, 64)
+    hist = torch.zeros(small.shape[0], BINS).scatter_add_(1, bins.flatten(1), weight.flatten(1))
+    return hist / hist.sum(dim=1, keepdim=True).clamp_min(1e-6)
+
+
+def colour_histograms(frames: torch.Tensor) -> torch.Tensor:
+    """(T, 3, H, W) uint8 → (T, GRID², BINS): the share of each patch's pixels in each colour bin."""
+    return _patch_histograms(_bins(_downsample(frames)))
 
 
 def foreground_histograms(frames: torch.Tensor) -> torch.Tensor:
     """(T, 3, H, W) uint8 → (T, BINS): colour bins weighted by (distance from the median colour / 255)²,
     summing to 1 (all zero for a frame of one colour). Squaring keeps anti-aliased edges, which sit
     half-way to the background, from outweighing the object's own colour."""
-    small = F.interpolate(frames.float(), size=(GRID * 16, GRID * 16), mode="area")
-    median = small.flatten(2).median(dim=2).values[..., None, None]  # (T, 3, 1, 1)
-    weight = ((small - median).abs().amax(dim=1) / 255) ** 2  # (T, 64, 64)
-    hist = torch.zeros(small.shape[0], BINS).scatter_add_(1, _bins(small).flatten(1), weight.flatten(1))
-    return hist / hist.sum(dim=1, keepdim=True).clamp_min(1e-6)
+    small = _downsample(frames)
+    return _foreground_histograms(small, _bins(small))
 
 
 class FrameEncoder:
@@ -84,6 +94,8 @@ class FrameEncoder:
             img = F.interpolate(x.float() / 255, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", antialias=True)
             feats = self.net.extract_features((img - MEAN.to(self.device)) / STD.to(self.device))
             pooled = F.adaptive_avg_pool2d(feats, GRID).flatten(2).transpose(1, 2)  # (t, 16, 1280)
-            foreground = foreground_histograms(x.cpu())[:, None].expand(-1, GRID * GRID, -1)
-            out.append(torch.cat([pooled.float().cpu(), colour_histograms(x.cpu()), foreground], dim=-1))
+            small = _downsample(x.cpu())  # both histograms share one downsampled frame and its bins
+            bins = _bins(small)
+            foreground = _foreground_histograms(small, bins)[:, None].expand(-1, GRID * GRID, -1)
+            out.append(torch.cat([pooled.float().cpu(), _patch_histograms(bins), foreground], dim=-1))
         return torch.cat(out)
