@@ -15,6 +15,8 @@ def main(argv=None) -> int:
     parser.add_argument("--policies", nargs="*", help="subset of policies to run")
     parser.add_argument("--tokens", type=int, help="override the streamed length (tiny_vlm: questions per setting)")
     parser.add_argument("--budgets", type=int, nargs="*", help="override the budgets (stream_ppl, retrieval)")
+    parser.add_argument("--resume", action="store_true",
+                        help="stream_ppl: continue the run stopped in --out (checkpoints every 64K tokens)")
     args = parser.parse_args(argv)
     module = importlib.import_module(f"benchmarks.{args.name}")
     try:

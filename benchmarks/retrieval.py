@@ -1,15 +1,19 @@
 """Multi-round line retrieval (the paper's LongEval experiment, adapted to a 135M model).
 
 Each round streams 5 lines `word: 123` (single-token words, 3-digit values), then asks for the value
-of one earlier line with the prompt `word:`; the model's answer is scored, then the true answer is
-appended (the stream holds correct answers, as a transcript would). Accuracy is reported by how
-many tokens back the asked line was.
+of one earlier line with the prompt `word:`. Question and true answer go in as one turn, and the
+answer counts as right when greedy decoding would have produced it: the model's top token equals the
+answer's at every answer position (teacher forcing). So the stream holds correct answers, as a
+transcript would; a wrong guess left in the stream is copied by later answers. Accuracy is reported
+by how many tokens back the asked line was. (H2O, which also evicts while decoding, sees the answer
+as part of the turn, without those few decode-step evictions.)
 """
 
 import collections
 import random
 import re
 
+import torch
 from tqdm import tqdm
 
 from inf_mllm import StreamSession, load_model
@@ -31,7 +35,19 @@ def bucket(distance):
     return next(name for lo, hi, name in BUCKETS if lo <= distance < hi)
 
 
+def answered(session, question_ids, answer_ids, after_ids) -> bool:
+    """Append question + answer (+ what follows it) as one turn; whether greedy decoding after the
+    question gives the answer."""
+    turn = torch.cat([question_ids, answer_ids, after_ids], dim=1)
+    logits = session.append(turn)
+    start = question_ids.shape[1] - 1  # the logits at the question's last token predict the answer's first
+    return bool((logits[0, start:start + answer_ids.shape[1]].argmax(-1) == answer_ids[0]).all())
+
+
 def trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
+    def ids(text):
+        return tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+
     rng = random.Random(seed)
     keys = rng.sample(words, rounds * 5)
     session = StreamSession(model, tok, policy, budget=budget, **cfg)
@@ -40,15 +56,13 @@ def trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
         block = []
         for i in range(5):
             value = rng.randint(100, 999)
-            lines.append((keys[r * 5 + i], value, session.seen + len(block)))
+            before = ids("\n".join(block) + "\n").shape[1] if block else 0  # tokens before this line
+            lines.append((keys[r * 5 + i], value, session.seen + before))
             block.append(f"{keys[r * 5 + i]}: {value}")
         session.append_text("\n".join(block) + "\n")
         word, value, pos = rng.choice(lines)
-        session.append_text(f"{word}:")
-        answer = tok.decode([int(t[0]) for t in session.generate(5, eos_token_id=[])])
-        results.append((session.seen - pos, answer.strip().startswith(str(value))))
-        session.discard_pending()
-        session.append_text(f" {value}\n")
+        ok = answered(session, ids(f"{word}:"), ids(f" {value}"), ids("\n"))
+        results.append((session.seen - pos, ok))
         bar.update(1)
     return results
 

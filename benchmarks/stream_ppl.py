@@ -4,8 +4,11 @@ Each chunk is one turn: it is scored by the model over the current cache, then t
 The full cache runs only up to the model's trained context (8K for SmolLM2).
 """
 
+import json
 import math
+import sys
 import time
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -18,19 +21,23 @@ from .corpus import token_stream
 CHUNK = 64
 
 
-def stream(model, tok, ids, policy, budget, cfg, segment, bar):
+def stream(model, tok, ids, policy, budget, cfg, segment, bar, state=None):
+    """Yield (end, ppl, kv_tokens, evict_share, state) per segment; `state` (what a checkpoint holds)
+    continues a stopped run where it was saved."""
     session = StreamSession(model, tok, policy, budget=budget, **cfg)
+    prev, first = None, 0
+    if state:
+        session.cache, session.seen, prev, first = state["cache"], state["seen"], state["prev"], state["end"]
+        bar.update(first)
     session.cache.measure_overhead = True
-    nll, count, prev, shares = 0.0, 0, None, []
-    evict_s = 0.0
-    for start in range(0, ids.numel(), CHUNK):
+    nll, count, shares = 0.0, 0, []
+    for start in range(first, ids.numel(), CHUNK):
         chunk = ids[start:start + CHUNK][None]
         t0 = time.perf_counter()
         logits = session.append(chunk)
         score_s, probe_s = session.cache.pop_score_time()
         round_s = time.perf_counter() - t0 - probe_s
         shares.append((session.last.evict_s + score_s) / round_s)
-        evict_s += session.last.evict_s
         logp = torch.log_softmax(logits[0].float(), dim=-1)
         targets = chunk[0]
         if prev is not None:
@@ -41,7 +48,8 @@ def stream(model, tok, ids, policy, budget, cfg, segment, bar):
         prev = logp[-1]
         end = start + chunk.shape[1]
         if end % segment == 0:
-            yield end, math.exp(nll / count), session.kv_tokens, median(shares)
+            state = {"cache": session.cache, "seen": session.seen, "prev": prev, "end": end}
+            yield end, math.exp(nll / count), session.kv_tokens, median(shares), state
             nll, count, shares = 0.0, 0, []
         bar.update(chunk.shape[1])
 
@@ -53,25 +61,65 @@ def run(args):
     segment = 512 if args.quick else 1024
     full_len = min(length, 2048 if args.quick else model.config.max_position_embeddings)
     ids = token_stream(tok, length)
-    records = []
     plans = [("full", None, {}, full_len)]
     for budget in budgets:
         plans += [(p, budget, cfg, length) for p, cfg in policy_configs(args.policies, budget).items() if p != "full"]
     if args.policies and "full" not in args.policies:
         plans = plans[1:]
+    run_id = {"tokens": length, "segment": segment}
+    records, state, done = [], None, set()
+    if getattr(args, "resume", False):
+        records, state, done = resumed(Path(args.out), plans, run_id)
+    checkpoint = Path(args.out) / "stream_ppl.ckpt"
     with tqdm(total=sum(p[3] for p in plans), unit="tok", desc="stream_ppl") as bar:
         for policy, budget, cfg, n in plans:
             bar.set_postfix_str(f"{policy}@{budget}")
-            for i, (x, ppl, kv, share) in enumerate(stream(model, tok, ids[:n], policy, budget, cfg, segment, bar)):
+            if (policy, budget) in done:
+                bar.update(n)
+                continue
+            here = state if state and (state["policy"], state["budget"]) == (policy, budget) else None
+            parts = stream(model, tok, ids[:n], policy, budget, cfg, segment, bar, here)
+            for x, ppl, kv, share, snapshot in parts:
                 records += [record("stream_ppl", policy, budget, "ppl", ppl, x),
                             record("stream_ppl", policy, budget, "kv_tokens", kv, x),
                             record("stream_ppl", policy, budget, "evict_share", share, x)]
-                if i % 64 == 63:  # long runs keep what they have measured if stopped
+                if (x // segment) % 64 == 0:  # long runs keep what they have measured, and can resume
                     write(args.out, "stream_ppl", records, [])
+                    save(checkpoint, snapshot | run_id | {"policy": policy, "budget": budget})
             write(args.out, "stream_ppl", records, ["ppl"], log_x=True)
+    checkpoint.unlink(missing_ok=True)
     summary = summarize(records, full_len)
     print_table(summary, ["ppl", "evict_share"])
     write(args.out, "stream_ppl", records + summary, ["ppl"], log_x=True)
+
+
+def save(path: Path, state: dict):
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    tmp.replace(path)
+
+
+def resumed(out: Path, plans, run_id):
+    """Records and checkpoint of a stopped run in `out` (`--resume`): the runs it finished, and the
+    state of the one it was in, with that run's records up to the state. Partial runs without a
+    checkpoint start again."""
+    path, checkpoint = out / "stream_ppl.json", out / "stream_ppl.ckpt"
+    if not path.exists():
+        raise SystemExit(f"nothing to resume: {path} not found")
+    state = torch.load(checkpoint, weights_only=False) if checkpoint.exists() else None
+    if state and {k: state[k] for k in run_id} != run_id:
+        raise SystemExit(f"{checkpoint} is from another run ({ {k: state[k] for k in run_id} }), not {run_id}")
+    records = [r for r in json.loads(path.read_text()) if not isinstance(r["x"], str)]
+    last = {(p[0], p[1]): p[3] // run_id["segment"] * run_id["segment"] for p in plans}
+    reached = {}
+    for r in records:
+        key = (r["policy"], r["budget"])
+        reached[key] = max(reached.get(key, 0), r["x"])
+    done = {key for key, x in reached.items() if key in last and x >= last[key]}
+    at = (state["policy"], state["budget"]) if state else None
+    keep = [r for r in records if (r["policy"], r["budget"]) in done
+            or ((r["policy"], r["budget"]) == at and r["x"] <= state["end"])]
+    return keep, (state if at not in done else None), done
 
 
 def summarize(records, full_len):
@@ -87,3 +135,26 @@ def summarize(records, full_len):
         out.append(record("stream_ppl", policy, budget, "ppl", sum(r["value"] for r in ppl) / len(ppl), "all"))
         out.append(record("stream_ppl", policy, budget, "evict_share", median(share), "all"))
     return out
+
+
+def merge(out_dir, in_dirs, full_len=8192):
+    """One stream_ppl.json and plot from runs made apart (in parallel processes or in several
+    sessions); a later folder's (policy, budget) replaces an earlier one's."""
+    runs = {}
+    for folder in in_dirs:
+        for r in json.loads((Path(folder) / "stream_ppl.json").read_text()):
+            if not isinstance(r["x"], str):
+                runs.setdefault((r["policy"], r["budget"], folder), []).append(r)
+    merged = {}
+    for (policy, budget, _), rs in runs.items():  # dict order: folders in the order given
+        merged[(policy, budget)] = rs
+    records = [r for rs in merged.values() for r in rs]
+    summary = summarize(records, full_len)
+    print_table(summary, ["ppl", "evict_share"])
+    return write(out_dir, "stream_ppl", records + summary, ["ppl"], log_x=True)
+
+
+if __name__ == "__main__":  # python -m benchmarks.stream_ppl OUT_DIR IN_DIR...
+    if len(sys.argv) < 3:
+        sys.exit("usage: python -m benchmarks.stream_ppl OUT_DIR IN_DIR... (merges their stream_ppl.json)")
+    merge(sys.argv[1], sys.argv[2:])

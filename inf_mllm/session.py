@@ -96,7 +96,7 @@ class StreamSession:
         self.last.decode_s = time.perf_counter() - t0
 
     def discard_pending(self) -> None:
-        """Drop the held-back answer token (when the caller appends its own version of the answer)."""
+        """Drop the held-back last answer token; the tokens decoded before it stay in the cache."""
         self._pending = None
 
     def answer(self, text: str, max_new_tokens: int = 64, **kwargs) -> str:
