@@ -35,6 +35,10 @@ def bucket(distance):
     return next(name for lo, hi, name in BUCKETS if lo <= distance < hi)
 
 
+def token_ids(tok, text):
+    return tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+
+
 def answered(session, question_ids, answer_ids, after_ids) -> bool:
     """Append question + answer (+ what follows it) as one turn; whether greedy decoding after the
     question gives the answer."""
@@ -46,7 +50,7 @@ def answered(session, question_ids, answer_ids, after_ids) -> bool:
 
 def trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
     def ids(text):
-        return tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+        return token_ids(tok, text)
 
     rng = random.Random(seed)
     keys = rng.sample(words, rounds * 5)

@@ -48,8 +48,8 @@ def stream(model, tok, ids, policy, budget, cfg, segment, bar, state=None):
         prev = logp[-1]
         end = start + chunk.shape[1]
         if end % segment == 0:
-            state = {"cache": session.cache, "seen": session.seen, "prev": prev, "end": end}
-            yield end, math.exp(nll / count), session.kv_tokens, median(shares), state
+            snapshot = {"cache": session.cache, "seen": session.seen, "prev": prev, "end": end}
+            yield end, math.exp(nll / count), session.kv_tokens, median(shares), snapshot
             nll, count, shares = 0.0, 0, []
         bar.update(chunk.shape[1])
 
@@ -140,14 +140,13 @@ def summarize(records, full_len):
 def merge(out_dir, in_dirs, full_len=8192):
     """One stream_ppl.json and plot from runs made apart (in parallel processes or in several
     sessions); a later folder's (policy, budget) replaces an earlier one's."""
-    runs = {}
+    merged = {}
     for folder in in_dirs:
+        runs = {}
         for r in json.loads((Path(folder) / "stream_ppl.json").read_text()):
             if not isinstance(r["x"], str):
-                runs.setdefault((r["policy"], r["budget"], folder), []).append(r)
-    merged = {}
-    for (policy, budget, _), rs in runs.items():  # dict order: folders in the order given
-        merged[(policy, budget)] = rs
+                runs.setdefault((r["policy"], r["budget"]), []).append(r)
+        merged.update(runs)
     records = [r for rs in merged.values() for r in rs]
     summary = summarize(records, full_len)
     print_table(summary, ["ppl", "evict_share"])

@@ -3,13 +3,10 @@
 import torch
 
 from benchmarks.retrieval import answered
+from benchmarks.retrieval import token_ids as ids
 from inf_mllm import StreamSession
 
 LINES = "river: 417\nstone: 802\nlight: 356\nhouse: 129\n"
-
-
-def ids(tok, text):
-    return tok(text, return_tensors="pt", add_special_tokens=False).input_ids
 
 
 def test_teacher_forced_answer_agrees_with_greedy_decoding(smol):
