@@ -23,9 +23,17 @@ def gutenberg_text() -> str:
     return "\n\n".join(parts)
 
 
+def corpus_tokens(tokenizer) -> int:
+    """The corpus length in tokens: a longer stream repeats it."""
+    return _ids(tokenizer).numel()
+
+
+def _ids(tokenizer):
+    return tokenizer(gutenberg_text(), return_tensors="pt", add_special_tokens=False).input_ids[0]
+
+
 def token_stream(tokenizer, length: int):
     """`length` token ids of the corpus, repeated end to end if the stream must be longer."""
-
-    ids = tokenizer(gutenberg_text(), return_tensors="pt", add_special_tokens=False).input_ids[0]
+    ids = _ids(tokenizer)
     reps = -(-length // ids.numel())
     return ids.repeat(reps)[:length]

@@ -16,7 +16,7 @@ from tqdm import tqdm
 from inf_mllm import StreamSession, load_model
 
 from .common import median, policy_configs, print_table, record, write
-from .corpus import token_stream
+from .corpus import corpus_tokens, token_stream
 
 CHUNK = 64
 
@@ -88,7 +88,7 @@ def run(args):
                     save(checkpoint, snapshot | run_id | {"policy": policy, "budget": budget})
             write(args.out, "stream_ppl", records, ["ppl"], log_x=True)
     checkpoint.unlink(missing_ok=True)
-    summary = summarize(records, full_len)
+    summary = summarize(records, full_len, period=corpus_tokens(tok), segment=segment)
     print_table(summary, ["ppl", "evict_share"])
     write(args.out, "stream_ppl", records + summary, ["ppl"], log_x=True)
 
@@ -122,8 +122,25 @@ def resumed(out: Path, plans, run_id):
     return keep, (state if at not in done else None), done
 
 
-def summarize(records, full_len):
-    """Mean ppl over 0..full_len (the span the full cache covers) and over the whole stream."""
+def by_pass(ppl, period, segment):
+    """[(pass, mean ppl of that pass, mean ppl of the first pass over the same text)] for a stream
+    that repeats a `period`-token corpus: the text changes perplexity far more than stream length
+    does, so a later pass is only comparable with the first over the same segments (aligned to
+    within half a segment)."""
+    at = {r["x"]: r["value"] for r in ppl}  # x: the segment's end
+    out = []
+    for p in range(2, max(at) // period + 2):
+        shift = round((p - 1) * period / segment) * segment
+        pairs = [(v, at[x - shift]) for x, v in at.items()
+                 if (p - 1) * period <= x - segment and x <= p * period and x - shift in at]
+        if pairs:
+            out.append((p, sum(a for a, _ in pairs) / len(pairs), sum(b for _, b in pairs) / len(pairs)))
+    return out
+
+
+def summarize(records, full_len, period=None, segment=1024):
+    """Mean ppl over 0..full_len (the span the full cache covers) and over the whole stream; with the
+    corpus length `period`, each later pass beside the first pass over the same text."""
     out = []
     keys = {(r["policy"], r["budget"]) for r in records}
     for policy, budget in sorted(keys, key=str):
@@ -134,6 +151,9 @@ def summarize(records, full_len):
         out.append(record("stream_ppl", policy, budget, "ppl", sum(head) / len(head), f"0-{full_len}"))
         out.append(record("stream_ppl", policy, budget, "ppl", sum(r["value"] for r in ppl) / len(ppl), "all"))
         out.append(record("stream_ppl", policy, budget, "evict_share", median(share), "all"))
+        for p, later, first in by_pass(ppl, period, segment) if period else []:
+            out.append(record("stream_ppl", policy, budget, "ppl", later, f"pass{p}"))
+            out.append(record("stream_ppl", policy, budget, "ppl", first, f"pass1@pass{p}"))
     return out
 
 
