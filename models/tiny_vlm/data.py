@@ -7,6 +7,7 @@ Frame features are computed once per split with the frozen encoder and cached as
 import hashlib
 import json
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,13 +106,55 @@ class Episode:
     first: int = 1
 
 
-def pick_question(rng: random.Random, candidates: list[Question], type_weights: dict[str, float] | None) -> Question:
+def image_labels(qs: list[Question]) -> dict[int, tuple[str, str]]:
+    """image id → (colour, shape), read from the image's own colour and shape questions."""
+    colour, shape = {}, {}
+    for q in qs:
+        kind = answer_type(q.answer)
+        if kind != "yes/no":
+            (colour if kind == "colour" else shape)[q.image] = q.answer
+    return {i: (colour[i], shape[i]) for i in colour.keys() & shape.keys()}
+
+
+class YesNoQuestions:
+    """Balanced yes/no questions in easy-VQA's own wordings, about any colour or shape.
+
+    easy-VQA's yes/no answers follow the wording ("is there a red shape?" is mostly no, "is there
+    not …" mostly yes), so a model trained on them answers from the wording. Each wording is learnt
+    from a train question with its polarity (does "yes" mean the named word is there?); a question
+    is then asked about the image's own colour or shape or another one, half and half.
+    """
+
+    def __init__(self, qs: list[Question]):
+        self.labels = image_labels(qs)
+        wordings = set()
+        for q in qs:
+            words = q.text.rstrip("?").split()
+            named = [(w, 0) for w in words if w in COLOURS] + [(w, 1) for w in words if w in SHAPES]
+            if q.image not in self.labels or answer_type(q.answer) != "yes/no" or len(named) != 1:
+                continue
+            (word, part), = named
+            present = word == self.labels[q.image][part]
+            wordings.add((re.sub(rf"\b{word}\b", "{}", q.text), part, (q.answer == "yes") == present))
+        self.wordings = sorted(wordings)
+
+    def __call__(self, rng: random.Random, image: int) -> Question:
+        text, part, yes_if_present = rng.choice(self.wordings)
+        truth = self.labels[image][part]
+        word = truth if rng.random() < 0.5 else rng.choice([w for w in (COLOURS, SHAPES)[part] if w != truth])
+        return Question(text.format(word), "yes" if (word == truth) == yes_if_present else "no", image)
+
+
+def pick_question(rng: random.Random, candidates: list[Question], type_weights: dict[str, float] | None,
+                  yes_no: YesNoQuestions | None = None) -> Question:
     """A question on one image. With `type_weights`, its answer type is drawn first, then its answer
     uniformly: easy-VQA is 74% yes/no and 13% colour, and its yes/no answers follow the wording
     ("is there a red shape?" is mostly no, "is there not …" mostly yes), so a model trained on
     uniform draws learns colour names slowly and answers yes/no from the wording alone."""
     if type_weights:
         kind = rng.choices(list(type_weights), weights=list(type_weights.values()))[0]
+        if kind == "yes/no" and yes_no and candidates[0].image in yes_no.labels:
+            return yes_no(rng, candidates[0].image)
         candidates = [q for q in candidates if answer_type(q.answer) == kind] or candidates
         answer = rng.choice(sorted({q.answer for q in candidates}))
         candidates = [q for q in candidates if q.answer == answer]
@@ -120,7 +163,7 @@ def pick_question(rng: random.Random, candidates: list[Question], type_weights: 
 
 def sample_episode(rng: random.Random, by_image: dict[int, list[Question]], clips: int,
                    asks_per_clip: float = 0.6, plain_share: float = 0.3, max_first: int = 1,
-                   type_weights: dict[str, float] | None = None) -> Episode:
+                   type_weights: dict[str, float] | None = None, yes_no: YesNoQuestions | None = None) -> Episode:
     """`clips` clips; after each, about `asks_per_clip` questions on the current or an earlier clip
     (always at least one after the last). A question on the current clip is sometimes asked without
     naming it, as a viewer would ask about what is on screen now. Half the episodes number their
@@ -135,7 +178,7 @@ def sample_episode(rng: random.Random, by_image: dict[int, list[Question]], clip
             n = max(n, 1)
         for _ in range(n):
             j = k if rng.random() < 0.4 else rng.randint(1, k)
-            q = pick_question(rng, by_image[images[j - 1]], type_weights)
+            q = pick_question(rng, by_image[images[j - 1]], type_weights, yes_no)
             text = q.text if j == k and rng.random() < plain_share else named(q, first + j - 1)
             turns.append(("ask", text, q.answer))
     return Episode(turns, first)

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from .data import data_hash, features, group_by_image, questions, sample_episode
+from .data import YesNoQuestions, data_hash, features, group_by_image, questions, sample_episode
 from .episodes import IGNORE, EpisodeBuilder, pad_batch
 from .model import WEIGHTS, TinyVLM
 
@@ -41,6 +41,11 @@ class TrainConfig:
     lora_alpha: int = 16
     lora_targets: tuple = ("q_proj", "k_proj", "v_proj", "o_proj")
     warmup: int = 20
+    snap_to_vocabulary: bool = True  # visual tokens are mixtures of word embeddings (see Projector)
+    balanced_yes_no: bool = True  # yes/no questions from data.YesNoQuestions, not easy-VQA's own
+    caption_steps: int = 60  # stage 1, projector only: an image's tokens mix the words of its colour and shape
+    caption_batch: int = 32
+    caption_weight: float = 0.1  # the same caption loss, beside the answers' loss, in stage 2
     bf16: bool = True  # autocast: about 3× faster on CPUs with AVX512-BF16, weights stay fp32
     threads: int = 0  # 0: torch's default
     data: dict = field(default_factory=dict)
@@ -65,6 +70,35 @@ def lora_tensors(peft_model) -> dict[str, torch.Tensor]:
     return out
 
 
+class CaptionLoss:
+    """−log of the mean over an image's visual tokens of the probability of its colour word, and of
+    its shape word: at best ln 2, half the tokens' mass on each. It puts a picture near the words a
+    question uses before the LLM is trained on answers."""
+
+    def __init__(self, vlm, features, labels):
+        self.vlm, self.features, self.labels = vlm, features, labels
+        word = lambda w: vlm.tokenizer(" " + w, add_special_tokens=False).input_ids[0]  # noqa: E731
+        self.words = {image: [word(colour), word(shape)] for image, (colour, shape) in labels.items()}
+
+    def __call__(self, images: list[int]) -> torch.Tensor:
+        feats = torch.stack([self.features[i].float() for i in images]).to(self.vlm.device)
+        logp = torch.log_softmax(self.vlm.projector.word_logits(feats).float(), dim=-1)
+        mean_logp = logp.logsumexp(dim=1) - math.log(logp.shape[1])  # log of the mean over tokens
+        targets = torch.tensor([self.words[i] for i in images], device=logp.device)
+        return -mean_logp.gather(1, targets).mean()
+
+
+def caption_stage(vlm, caption: CaptionLoss, cfg: TrainConfig, rng: random.Random) -> float:
+    optim = torch.optim.AdamW(vlm.projector.parameters(), lr=cfg.lr, weight_decay=0.0)
+    images, loss = sorted(caption.labels), torch.tensor(0.0)
+    for _ in tqdm(range(cfg.caption_steps), desc="caption stage", unit="step"):
+        loss = caption(rng.sample(images, cfg.caption_batch))
+        optim.zero_grad(set_to_none=True)
+        loss.backward()
+        optim.step()
+    return float(loss)
+
+
 def loss_on(vlm, llm, builder, episodes):
     embeds, targets, mask = pad_batch([builder.embed(builder.pieces(e.turns, first=e.first)) for e in episodes])
     hidden = llm(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
@@ -78,20 +112,25 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300) -> dict:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    vlm = TinyVLM(trained=False)
+    vlm = TinyVLM(trained=False, snap_to_vocabulary=cfg.snap_to_vocabulary)
     cfg.data = {"easy_vqa_train_sha256": data_hash("train"), "easy_vqa_test_sha256": data_hash("test")}
     train_feats = features("train")
     by_image = group_by_image(questions("train"))
+    yes_no = YesNoQuestions(questions("train"))
     builder = EpisodeBuilder(vlm, train_feats)
     vlm.model.requires_grad_(False)
+    vlm.projector.train()
+    t0 = time.perf_counter()
+    caption, caption_loss = None, None
+    if cfg.snap_to_vocabulary and cfg.caption_steps:
+        caption = CaptionLoss(vlm, train_feats, yes_no.labels)
+        caption_loss = caption_stage(vlm, caption, cfg, rng)
     peft_model = add_lora(vlm.model, cfg)
     llm = peft_model.base_model.model.model  # the LlamaModel with LoRA layers inside
     lora_params = [p for n, p in peft_model.named_parameters() if "lora_" in n]
     optim = torch.optim.AdamW([{"params": vlm.projector.parameters(), "lr": cfg.lr},
                                {"params": lora_params, "lr": cfg.lora_lr}], weight_decay=0.0)
     base_lrs = [g["lr"] for g in optim.param_groups]
-    vlm.projector.train()
-    t0 = time.perf_counter()
     losses = []
     with tqdm(range(cfg.steps), desc="training tiny-vlm", unit="step") as bar:
         for step in bar:
@@ -103,9 +142,13 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300) -> dict:
                 k = rng.choice(cfg.clips)
                 asks = cfg.single_image_asks if k == 1 else cfg.asks_per_clip
                 episodes.append(sample_episode(rng, by_image, k, asks_per_clip=asks,
-                                               max_first=cfg.max_first_clip, type_weights=cfg.type_weights))
+                                               max_first=cfg.max_first_clip, type_weights=cfg.type_weights,
+                                               yes_no=yes_no if cfg.balanced_yes_no else None))
             with torch.autocast(vlm.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                 loss = loss_on(vlm, llm, builder, episodes)
+                if caption and cfg.caption_weight:
+                    images = [t[1] for e in episodes for t in e.turns if t[0] == "clip" and t[1] in caption.labels]
+                    loss = loss + cfg.caption_weight * caption(images) if images else loss
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(list(vlm.projector.parameters()) + lora_params, 1.0)
@@ -118,6 +161,7 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(out / "tiny_vlm.safetensors"))
     config = asdict(cfg) | {"train_seconds": round(train_s, 1), "final_loss": sum(losses[-50:]) / len(losses[-50:]),
+                            "caption_stage_loss": caption_loss,
                             "torch_threads": torch.get_num_threads()}
     (out / "config.json").write_text(json.dumps(config, indent=1))
     # evaluate exactly what inference loads: the saved weights, merged into a fresh model
