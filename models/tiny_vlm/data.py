@@ -167,10 +167,12 @@ def sample_episode(rng: random.Random, by_image: dict[int, list[Question]], clip
     """`clips` clips; after each, about `asks_per_clip` questions on the current or an earlier clip
     (always at least one after the last). A question on the current clip is sometimes asked without
     naming it, as a viewer would ask about what is on screen now. Half the episodes number their
-    clips from 1, the others from a random start up to `max_first`."""
+    clips from 1, the others from a random start up to `max_first`. With `yes_no`, only the first
+    question about a clip may be yes/no: an earlier answer about it ("red") left in the context lets
+    the model compare the question with that word instead of the picture, which a test never allows."""
     images = rng.sample(sorted(by_image), clips)
     first = 1 if max_first <= 1 or rng.random() < 0.5 else rng.randint(2, max_first)
-    turns = []
+    turns, answered = [], set()
     for k, image in enumerate(images, start=1):
         turns.append(("clip", image))
         n = int(asks_per_clip) + (rng.random() < asks_per_clip % 1)
@@ -178,7 +180,11 @@ def sample_episode(rng: random.Random, by_image: dict[int, list[Question]], clip
             n = max(n, 1)
         for _ in range(n):
             j = k if rng.random() < 0.4 else rng.randint(1, k)
-            q = pick_question(rng, by_image[images[j - 1]], type_weights, yes_no)
+            weights = type_weights
+            if yes_no and type_weights and j in answered:
+                weights = {kind: w for kind, w in type_weights.items() if kind != "yes/no"}
+            answered.add(j)
+            q = pick_question(rng, by_image[images[j - 1]], weights, yes_no)
             text = q.text if j == k and rng.random() < plain_share else named(q, first + j - 1)
             turns.append(("ask", text, q.answer))
     return Episode(turns, first)

@@ -45,7 +45,8 @@ class TrainConfig:
     balanced_yes_no: bool = True  # yes/no questions from data.YesNoQuestions, not easy-VQA's own
     caption_steps: int = 60  # stage 1, projector only: an image's tokens mix the words of its colour and shape
     caption_batch: int = 32
-    caption_weight: float = 0.1  # the same caption loss, beside the answers' loss, in stage 2
+    caption_weight: float = 0.1  # the same caption loss, beside the answers' loss, in stage 2,
+    caption_images: int = 16  # on this many of the step's clips (the loss costs a vocabulary-wide softmax)
     bf16: bool = True  # autocast: about 3× faster on CPUs with AVX512-BF16, weights stay fp32
     threads: int = 0  # 0: torch's default
     data: dict = field(default_factory=dict)
@@ -148,6 +149,7 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300) -> dict:
                 loss = loss_on(vlm, llm, builder, episodes)
                 if caption and cfg.caption_weight:
                     images = [t[1] for e in episodes for t in e.turns if t[0] == "clip" and t[1] in caption.labels]
+                    images = rng.sample(images, min(cfg.caption_images, len(images)))
                     loss = loss + cfg.caption_weight * caption(images) if images else loss
             optim.zero_grad(set_to_none=True)
             loss.backward()
