@@ -123,18 +123,20 @@ def resumed(out: Path, plans, run_id):
 
 
 def by_pass(ppl, period, segment):
-    """[(pass, mean ppl of that pass, mean ppl of the first pass over the same text)] for a stream
+    """[(pass, its mean ppl, the first pass's and the previous pass's over the same text)] for a stream
     that repeats a `period`-token corpus: the text changes perplexity far more than stream length
     does, so a later pass is only comparable with the first over the same segments (aligned to
     within half a segment)."""
     at = {r["x"]: r["value"] for r in ppl}  # x: the segment's end
     out = []
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
     for p in range(2, max(at) // period + 2):
-        shift = round((p - 1) * period / segment) * segment
-        pairs = [(v, at[x - shift]) for x, v in at.items()
-                 if (p - 1) * period <= x - segment and x <= p * period and x - shift in at]
-        if pairs:
-            out.append((p, sum(a for a, _ in pairs) / len(pairs), sum(b for _, b in pairs) / len(pairs)))
+        first = round((p - 1) * period / segment) * segment  # shift back to the same text in pass 1
+        previous = first - round((p - 2) * period / segment) * segment  # … and in pass p - 1
+        xs = [x for x in at if (p - 1) * period <= x - segment and x <= p * period and x - first in at]
+        if xs:
+            out.append((p, mean([at[x] for x in xs]), mean([at[x - first] for x in xs]),
+                        mean([at[x - previous] for x in xs])))
     return out
 
 
@@ -151,9 +153,11 @@ def summarize(records, full_len, period=None, segment=1024):
         out.append(record("stream_ppl", policy, budget, "ppl", sum(head) / len(head), f"0-{full_len}"))
         out.append(record("stream_ppl", policy, budget, "ppl", sum(r["value"] for r in ppl) / len(ppl), "all"))
         out.append(record("stream_ppl", policy, budget, "evict_share", median(share), "all"))
-        for p, later, first in by_pass(ppl, period, segment) if period else []:
+        for p, later, first, previous in by_pass(ppl, period, segment) if period else []:
             out.append(record("stream_ppl", policy, budget, "ppl", later, f"pass{p}"))
             out.append(record("stream_ppl", policy, budget, "ppl", first, f"pass1@pass{p}"))
+            if p > 2:
+                out.append(record("stream_ppl", policy, budget, "ppl", previous, f"pass{p - 1}@pass{p}"))
     return out
 
 
@@ -168,7 +172,13 @@ def merge(out_dir, in_dirs, full_len=8192):
                 runs.setdefault((r["policy"], r["budget"]), []).append(r)
         merged.update(runs)
     records = [r for rs in merged.values() for r in rs]
-    summary = summarize(records, full_len)
+    from transformers import AutoTokenizer
+
+    from inf_mllm.loader import resolve
+
+    segment = min(r["x"] for r in records)
+    summary = summarize(records, full_len, period=corpus_tokens(AutoTokenizer.from_pretrained(resolve("smollm2"))),
+                        segment=segment)
     print_table(summary, ["ppl", "evict_share"])
     return write(out_dir, "stream_ppl", records + summary, ["ppl"], log_x=True)
 

@@ -13,13 +13,13 @@ def records(period, segment, n, ppl):
 def test_a_stream_that_depends_only_on_the_text_gives_equal_passes(period):
     text_ppl = lambda x: 50 + ((x - 1) % period) // 1024  # noqa: E731
     out = by_pass(records(period, 1024, 11, text_ppl), period, 1024)
-    assert [p for p, _, _ in out] == [2, 3]
-    for _, later, first in out:
-        assert later == pytest.approx(first)
+    assert [p for p, *_ in out] == [2, 3]
+    for _, later, first, previous in out:
+        assert later == pytest.approx(first) == pytest.approx(previous)
 
 
 def test_a_degrading_stream_shows_in_the_later_pass():
     period = 4096
     ppl = lambda x: (50 + ((x - 1) % period) // 1024) * (1.1 if x > period else 1.0)  # noqa: E731
-    (p, later, first), = by_pass(records(period, 1024, 8, ppl), period, 1024)
-    assert p == 2 and later == pytest.approx(1.1 * first)
+    (p, later, first, previous), = by_pass(records(period, 1024, 8, ppl), period, 1024)
+    assert p == 2 and later == pytest.approx(1.1 * first) and previous == first

@@ -146,18 +146,21 @@ def held_out_accuracy(vlm):
 
 @pytest.mark.slow
 def test_accuracy_does_not_fall_below_the_committed_model(held_out_accuracy):
-    """A floor a little under what the committed weights measured (all 0.89, colour and shape 1.0,
-    yes/no 0.85, ctx8 0.77 on 1,000 questions per setting)."""
+    """A floor a little under what the committed weights measured (see benchmarks/results/README.md)."""
     acc = held_out_accuracy
-    assert acc["all"] >= 0.84 and acc["yes/no"] >= 0.80, acc
-    assert acc["colour"] >= 0.95 and acc["shape"] >= 0.95 and acc["ctx8"] >= 0.70, acc
+    assert acc["all"] >= 0.88 and acc["yes/no"] >= 0.86, acc
+    assert acc["colour"] >= 0.95 and acc["shape"] >= 0.95 and acc["ctx8"] >= 0.74, acc
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue goals not met yet: 1,000 questions per setting gave all 0.887, "
-                   "yes/no 0.850, ctx8 0.772 (colour and shape 1.0; see benchmarks/results/README.md)")
-def test_accuracy_goals_on_held_out_questions(held_out_accuracy):
+def test_single_image_accuracy_goals_on_held_out_questions(held_out_accuracy):
     acc = held_out_accuracy
     assert acc["all"] >= 0.90, acc
     assert min(acc["colour"], acc["shape"], acc["yes/no"]) >= 0.85, acc
-    assert acc["ctx8"] >= 0.85, acc
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="issue goal not met yet: with 8 images in context, CTX8_MEASURED "
+                   "(see benchmarks/results/README.md)")
+def test_eight_images_in_context_goal_on_held_out_questions(held_out_accuracy):
+    assert held_out_accuracy["ctx8"] >= 0.85, held_out_accuracy

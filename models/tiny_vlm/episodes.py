@@ -34,13 +34,28 @@ class EpisodeBuilder:
                     out.append(("answer", self._ids(turn[2]) + [self.eos]))
         return out
 
-    def embed(self, pieces) -> tuple[torch.Tensor, torch.Tensor]:
+    def visual(self, images) -> dict[int, torch.Tensor]:
+        """image id → (tokens, hidden) visual embeddings, projected in one call (the vocabulary-wide
+        softmax of a snapping projector costs far less once per batch than once per clip)."""
+        images = sorted(set(images))
+        if not images:
+            return {}
+        projected = self.vlm.project(torch.stack([self.features[i].float() for i in images]))
+        return dict(zip(images, projected, strict=True))
+
+    def embed_batch(self, pieces_list) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        visual = self.visual(p for pieces in pieces_list for kind, p in pieces if kind == "visual")
+        return [self.embed(pieces, visual) for pieces in pieces_list]
+
+    def embed(self, pieces, visual: dict[int, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(L, hidden) input embeddings and (L,) next-token targets (IGNORE outside answers)."""
         embed_tokens = self.vlm.model.get_input_embeddings()
+        if visual is None:
+            visual = self.visual(p for kind, p in pieces if kind == "visual")
         chunks, targets = [], []
         for kind, payload in pieces:
             if kind == "visual":
-                vis = self.vlm.project(self.features[payload].float())
+                vis = visual[payload]
                 chunks.append(vis)
                 targets += [IGNORE] * vis.shape[0]
                 continue

@@ -48,7 +48,7 @@ def evaluate(vlm, builder, n: int = 1000, contexts=(2, 4, 8), seed: int = 0, bat
     single = rng.sample(test, n)  # one image in context, the question as asked in easy-VQA
     for start in range(0, n, batch):
         chunk = single[start:start + batch]
-        items = [builder.embed(builder.pieces([("clip", q.image), ("ask", q.text, q.answer)])) for q in chunk]
+        items = builder.embed_batch([builder.pieces([("clip", q.image), ("ask", q.text, q.answer)]) for q in chunk])
         for q, ok in zip(chunk, _correct(vlm, *pad_batch(items)), strict=True):
             hits["all"].append(ok)
             hits[answer_type(q.answer)].append(ok)

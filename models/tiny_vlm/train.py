@@ -101,7 +101,7 @@ def caption_stage(vlm, caption: CaptionLoss, cfg: TrainConfig, rng: random.Rando
 
 
 def loss_on(vlm, llm, builder, episodes):
-    embeds, targets, mask = pad_batch([builder.embed(builder.pieces(e.turns, first=e.first)) for e in episodes])
+    embeds, targets, mask = pad_batch(builder.embed_batch([builder.pieces(e.turns, first=e.first) for e in episodes]))
     hidden = llm(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
     keep = targets != IGNORE
     logits = vlm.model.lm_head(hidden[keep])  # only where an answer token is predicted
