@@ -51,7 +51,14 @@ def test_local_hf_directory_loads(smol):
     assert model.config.num_hidden_layers == 30 and tok("hi").input_ids
 
 
-def test_loads_in_seconds_after_conversion(smol):
+def test_loads_from_the_cache_after_conversion(smol):
+    """Loading again reads the cached safetensors instead of dequantising the GGUF (~20 s) anew; the
+    load time itself (~2 s alone) is printed, not asserted: it depends on what else shares the cores."""
+    from inf_mllm.loader import cache_dir
+
+    cached = cache_dir() / "smollm2-135m-instruct" / "model.safetensors"
+    before = cached.stat().st_mtime_ns
     code = "import time; t=time.time(); from inf_mllm import load_model; load_model(); print(time.time()-t)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert float(out.stdout.strip().splitlines()[-1]) < 30  # generous: CI shares 2 cores; typically ~2 s
+    print(f"load after conversion: {float(out.stdout.strip().splitlines()[-1]):.1f} s")
+    assert cached.stat().st_mtime_ns == before
