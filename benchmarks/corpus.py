@@ -4,6 +4,7 @@
 .cache/corpora; texts are read straight from the tarball.
 """
 
+import functools
 import os
 import tarfile
 from pathlib import Path
@@ -28,6 +29,7 @@ def corpus_tokens(tokenizer) -> int:
     return _ids(tokenizer).numel()
 
 
+@functools.lru_cache(maxsize=1)  # run() asks for the stream and the corpus length: tokenise once
 def _ids(tokenizer):
     return tokenizer(gutenberg_text(), return_tensors="pt", add_special_tokens=False).input_ids[0]
 
