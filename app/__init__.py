@@ -1,1 +1,1 @@
-"""Gradio chat with a live memory graph (planned: the app issue). Depends on `streaming`."""
+"""Gradio chat beside a playing video, with a live memory graph. Depends on `streaming` (never the reverse)."""

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 
 METRICS = ("ppl", "accuracy", "decode_ms_per_token", "ttft_s", "evict_share", "kv_tokens", "kv_mb", "rss_mb",
-           "tokens_per_s", "oom_round", "ingest_speed")
+           "tokens_per_s", "oom_round", "ingest_speed", "rss_slope_mb_per_round")
 
 # The configurations every benchmark compares; inf_mllm is the paper's algorithm as written.
 POLICY_CONFIGS = {

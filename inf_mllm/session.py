@@ -6,12 +6,14 @@ that evict while decoding). The answer's last token is held back and prefixed to
 """
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 
-from .cache import StreamingCache
+from . import recall as recall_
+from .cache import ProbeDone, StreamingCache
+from .store import SpanStore
 
 
 @dataclass
@@ -20,17 +22,37 @@ class TurnStats:
     evict_s: float = 0.0
     decode_s: float = 0.0
     decoded: int = 0
+    recall_s: float = 0.0  # probe forward + scoring + linking, before the question's prefill
 
 
 class StreamSession:
-    def __init__(self, model, tokenizer=None, policy="inf_mllm", budget=None, batch: int = 1, **policy_kwargs):
+    """`policy` may end in "+recall" (or "+recall_oracle", "+recall_random"): turns then go to a span
+    store (`store`: a `SpanStore`, or a folder for one that survives a restart) and questions asked
+    through `append_question` link back the stored turns they need (`recall`: a `recall.Recall`)."""
+
+    def __init__(self, model, tokenizer=None, policy="inf_mllm", budget=None, batch: int = 1,
+                 recall: "recall_.Recall | None" = None, store: "SpanStore | str | None" = None, **policy_kwargs):
         self.model, self.tokenizer = model, tokenizer
-        self.cache = StreamingCache.for_model(model, policy, budget, batch=batch, **policy_kwargs)
+        name, suffix = recall_.parse_policy(policy) if isinstance(policy, str) else (policy, None)
+        self.recall = recall or suffix
+        self.cache = StreamingCache.for_model(model, name, budget, batch=batch, **policy_kwargs)
         self.batch = batch
         self.seen = 0  # tokens streamed in so far, whatever was evicted
+        self.turns = 0  # turns appended so far; a stored turn's span id is its turn number
         self.last = TurnStats()
+        self.last_recalled: list[tuple[int, dict]] = []  # (span id, meta) linked for the last question
         self._pending: torch.Tensor | None = None  # (B, 1) last answer token, not yet in the cache
         self._logits: torch.Tensor | None = None
+        self._decoding = None  # the paused decode loop of an unfinished answer
+        self.store = None
+        if self.recall is not None:
+            if batch != 1:
+                raise ValueError("recall works on one stream at a time (batch 1)")
+            if self.cache.policy.evict_while_decoding:
+                raise ValueError(f"recall needs a policy that evicts only at turn boundaries, not {name}")
+            self.store = store if isinstance(store, SpanStore) else SpanStore(store)
+            self.turns = self.store.next_id
+            self.cache.enable_recall(model, self.recall.window)
 
     @property
     def device(self):
@@ -38,70 +60,154 @@ class StreamSession:
 
     @torch.inference_mode()
     def append(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-               evict: bool = True) -> torch.Tensor:
-        """Prefill one turn; returns its logits (B, L, V). Evicts afterwards unless evict=False."""
+               evict: bool = True, store: bool = True, meta: dict | None = None) -> torch.Tensor:
+        """Prefill one turn; returns its logits (B, L, V). Evicts afterwards unless evict=False.
+
+        With recall, recalled spans leave first, and the turn goes to the store (unless store=False)
+        with `meta` (e.g. its clip index and video times) to report when it is recalled."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("append takes exactly one of input_ids or inputs_embeds")
-        if self._pending is not None:
-            if input_ids is not None:
-                input_ids = torch.cat([self._pending, input_ids.to(self.device)], dim=1)
-            else:
-                emb = self.model.get_input_embeddings()(self._pending)
-                inputs_embeds = torch.cat([emb.to(inputs_embeds.dtype), inputs_embeds.to(self.device)], dim=1)
-            self._pending = None
+        self._end_answer()
+        if self.recall is not None:
+            recall_.unlink(self.cache)
+        return self._prefill(input_ids, inputs_embeds, evict, store, meta)
+
+    def _end_answer(self) -> None:
+        """A turn arrives while an answer is paused mid-generation: that answer ends here."""
+        if self._decoding is not None:
+            self._decoding.close()
+
+    def _prefill(self, input_ids, inputs_embeds, evict: bool, store: bool, meta: dict | None) -> torch.Tensor:
+        input_ids, inputs_embeds = self._with_pending(input_ids, inputs_embeds)
         stats = TurnStats()
         t0 = time.perf_counter()
         kwargs = {"input_ids": input_ids} if input_ids is not None else {"inputs_embeds": inputs_embeds}
-        out = self.model(**kwargs, past_key_values=self.cache, use_cache=True)
+        self.cache.turn = self.turns
+        marks = self.cache.mark()
+        try:
+            out = self.model(**kwargs, past_key_values=self.cache, use_cache=True)
+        except BaseException:  # a turn that fails (out of memory, Ctrl-C) leaves the session as it was
+            self.cache.rollback(marks)
+            raise
+        self._pending = None
         t1 = time.perf_counter()
+        if self.recall is not None and store:
+            length = out.logits.shape[1]
+            self.store.add(recall_.make_span(self.cache, self.turns, length, self.recall, meta or {}))
         if evict:
             self.cache.evict()
         stats.prefill_s, stats.evict_s = t1 - t0, time.perf_counter() - t1
         self.seen += out.logits.shape[1]
+        self.turns += 1
         self._logits = out.logits[:, -1]
         self.last = stats
         return out.logits
+
+    def _with_pending(self, input_ids, inputs_embeds):
+        """The turn with the held-back last answer token in front of it."""
+        if self._pending is None:
+            return input_ids, inputs_embeds
+        if input_ids is not None:
+            return torch.cat([self._pending, input_ids.to(self.device)], dim=1), None
+        emb = self.model.get_input_embeddings()(self._pending)
+        return None, torch.cat([emb.to(inputs_embeds.dtype), inputs_embeds.to(self.device)], dim=1)
+
+    @torch.inference_mode()
+    def append_question(self, input_ids: torch.Tensor, probe_ids: torch.Tensor | None = None,
+                        oracle: Callable[[dict], bool] | None = None) -> torch.Tensor:
+        """A question turn: with recall, the stored turns it needs are linked back first (the question's
+        queries pick them: `probe_ids`, default the turn itself), and it does not evict them."""
+        self.last_recalled = []
+        self._end_answer()
+        if self.recall is None:
+            return self.append(input_ids, store=False)
+        recall_.unlink(self.cache)
+        t0 = time.perf_counter()
+        linked = self._recall(probe_ids if probe_ids is not None else input_ids, oracle)
+        spent = time.perf_counter() - t0
+        logits = self._prefill(input_ids, None, evict=not linked, store=False, meta=None)
+        self.last.recall_s = spent
+        self.last_recalled = [(i, self.store.spans[i].meta) for i in linked if i in self.store]
+        return logits
+
+    def _recall(self, probe_ids, oracle) -> list[int]:
+        if not len(self.store):
+            return []
+        if self.recall.mode == "attention":  # capture the question's queries, then leave no trace
+            marks = self.cache.mark()
+            ids, _ = self._with_pending(probe_ids.to(self.device), None)
+            self.cache.capture_queries = True
+            self.cache.probe_layers = max(recall_.scoring_layers(self.recall, len(self.cache.layers))) + 1
+            try:
+                self.model(input_ids=ids, past_key_values=self.cache, use_cache=True)
+            except ProbeDone:
+                pass
+            finally:
+                self.cache.capture_queries, self.cache.probe_layers = False, None
+                self.cache.rollback(marks)
+        chosen = recall_.choose(self.cache, self.store, self.recall, oracle)
+        return recall_.link(self.cache, self.store, chosen, self.recall.at)
 
     def append_text(self, text: str, **kwargs) -> torch.Tensor:
         ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
         return self.append(ids.expand(self.batch, -1), **kwargs)
 
-    @torch.inference_mode()
     def generate(self, max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
                  top_p: float = 1.0, eos_token_id: int | list[int] | None = None,
                  generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
-        """Yield (B,) token ids one at a time, continuing from the last appended turn."""
+        """An iterator of (B,) token ids, one at a time, continuing from the last appended turn.
+
+        Whenever the consumer stops (the end, a `break`, a closed generator, or the next `append`,
+        which closes a paused one), the last token it received is held back, pending for the next
+        turn, and the logits are spent: the next answer never continues from a stale state.
+        `last.decode_s` counts the model's time, not the consumer's."""
         if self._logits is None:
             raise ValueError("append a turn before generating")
         eos = _eos_set(eos_token_id if eos_token_id is not None else self.model.generation_config.eos_token_id)
         logits, done = self._logits, torch.zeros(self.batch, dtype=torch.bool, device=self.device)
+        self._logits = None
         eos_ids = torch.tensor(sorted(eos), dtype=torch.long, device=self.device)
         filler = min(eos, default=0)  # what finished rows emit while others continue
-        t0 = time.perf_counter()
-        with self.cache.decoding():
-            for step in range(max_new_tokens):
-                token = _pick(logits, do_sample, temperature, top_p, generator)
-                token = torch.where(done, token.new_full(token.shape, filler), token)
-                done |= torch.isin(token, eos_ids)
-                self.last.decoded = step + 1
-                yield token
-                if bool(done.all()) or step == max_new_tokens - 1:
-                    self._pending = token[:, None]
-                    break
-                out = self.model(input_ids=token[:, None], past_key_values=self.cache, use_cache=True)
-                self.seen += 1
-                logits = out.logits[:, -1]
-                self.cache.step()
-        self._logits = None
-        self.last.decode_s = time.perf_counter() - t0
+        self.last.decode_s = 0.0
+        self._decoding = self._decode(logits, done, eos_ids, filler, max_new_tokens, do_sample, temperature,
+                                      top_p, generator)
+        return self._decoding
+
+    @torch.inference_mode()
+    def _decode(self, logits, done, eos_ids, filler, max_new_tokens, do_sample, temperature, top_p, generator):
+        token = None
+        try:
+            with self.cache.decoding():
+                for step in range(max_new_tokens):
+                    t0 = time.perf_counter()
+                    token = _pick(logits, do_sample, temperature, top_p, generator)
+                    token = torch.where(done, token.new_full(token.shape, filler), token)
+                    done |= torch.isin(token, eos_ids)
+                    self.last.decoded = step + 1
+                    self.last.decode_s += time.perf_counter() - t0
+                    yield token
+                    if bool(done.all()) or step == max_new_tokens - 1:
+                        break
+                    t0 = time.perf_counter()
+                    out = self.model(input_ids=token[:, None], past_key_values=self.cache, use_cache=True)
+                    token = None  # in the cache now
+                    self.seen += 1
+                    logits = out.logits[:, -1]
+                    self.cache.step()
+                    self.last.decode_s += time.perf_counter() - t0
+        finally:
+            self._decoding = None
+            if token is not None:
+                self._pending = token[:, None]  # received, not yet in the cache
 
     def discard_pending(self) -> None:
         """Drop the held-back last answer token; the tokens decoded before it stay in the cache."""
         self._pending = None
 
     def answer(self, text: str, max_new_tokens: int = 64, **kwargs) -> str:
-        """Append `text` as a turn and return the decoded answer of the first batch row."""
-        self.append_text(text)
+        """Ask `text` as a question turn and return the decoded answer of the first batch row."""
+        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+        self.append_question(ids.expand(self.batch, -1))
         ids = [int(t[0]) for t in self.generate(max_new_tokens, **kwargs)]
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 

@@ -1,1 +1,1 @@
-"""Jetson Orin memory probes and the soak runner (planned). Depends on `streaming`."""
+"""Jetson Orin (and any device) memory probes and the long-run soak runner. Depends on `streaming`."""

@@ -39,6 +39,16 @@ class VideoAdapter(ABC):
     def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float]) -> torch.Tensor:
         """(T, H, W, 3) uint8 frames → (N, hidden) visual embeddings in the LLM's input space."""
 
+    def encode(self, frames: np.ndarray, timestamps: Sequence[float]) -> torch.Tensor:
+        """The engine's ingest-thread half: pure (reads no state the model thread writes), so it
+        may run ahead of the model. Its output goes to `append_clip`, on the model thread, in video
+        order. Stateless adapters encode the whole clip here; stateful ones only extract features."""
+        return self.encode_clip(frames, timestamps)
+
+    def fork(self) -> "VideoAdapter":
+        """An adapter for one more concurrent stream on the same weights (stateless: itself)."""
+        return self
+
     @abstractmethod
     def system_text(self) -> str:
         """The text that opens a conversation."""
@@ -79,20 +89,23 @@ class VideoAdapter(ABC):
 
     def new_session(self, policy: str = "inf_mllm", budget=None, **policy_kwargs) -> StreamSession:
         session = StreamSession(self.model, self.tokenizer, policy, budget=budget, **policy_kwargs)
-        session.append(self.text_ids(self.system_text()))
+        session.append(self.text_ids(self.system_text()), store=False)
         return session
 
-    def append_clip(self, session: StreamSession, visual: torch.Tensor, index: int, start_s: float = 0.0) -> None:
-        """Put an encoded clip into the session as a turn (the engine encodes on another thread)."""
-        session.append(inputs_embeds=self.clip_turn(visual, index, start_s))
+    def append_clip(self, session: StreamSession, visual: torch.Tensor, index: int, start_s: float = 0.0,
+                    end_s: float | None = None) -> None:
+        """The model-thread half: put `encode`'s output into the session (here: as a clip turn); with
+        recall the turn is stored under its clip index and video times."""
+        meta = {"clip": index, "start": round(start_s, 3), "end": round(end_s if end_s is not None else start_s, 3)}
+        session.append(inputs_embeds=self.clip_turn(visual, index, start_s), meta=meta)
 
     def add_clip(self, session: StreamSession, frames: np.ndarray, timestamps: Sequence[float], index: int) -> None:
-        visual = self.encode_clip(frames, timestamps)
+        visual = self.encode(frames, timestamps)
         self.append_clip(session, visual, index, float(timestamps[0]) if len(timestamps) else 0.0)
 
     def ask(self, session: StreamSession, question: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
-        """Append the question and stream the answer as text pieces."""
-        session.append(self.question_turn(question))
+        """Append the question (recalling the stored clips it needs) and stream the answer as text pieces."""
+        session.append_question(self.question_turn(question), oracle=kwargs.pop("oracle", None))
         return self.stream_answer(session, max_new_tokens, **kwargs)
 
     def stream_answer(self, session: StreamSession, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:

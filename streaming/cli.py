@@ -7,19 +7,24 @@ answer already given.
 
 import argparse
 import json
+import os
+import select
 import signal
 import sys
 import threading
 
-from .questions import Question, QuestionError, Schedule, every, parse_ask, read_file
-from .sources import SourceError, bundled_clip, open_source
+from .checks import EXIT_BROKEN_PIPE, EXIT_BUG, check_args, check_device, detach_stdout, one_line, write_bug_report
+from .errors import ConfigError, is_user_error
+from .memory import tune_allocator
+from .questions import MAX_QUESTION_CHARS, Question, QuestionError, Schedule, check_times, every, parse_ask, read_file
+from .sources import bundled_clip, open_source
 
 DEFAULT_QUESTIONS = ("what is the color of the shape? @4s", "In clip 1, is there a circle? @8s",
                      "what shape is in the image? @10s")
 EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
 
 
-class UsageError(ValueError):
+class UsageError(ConfigError):
     """A command-line choice that cannot work (unknown model or policy, too small a budget)."""
 
 
@@ -69,25 +74,59 @@ def questions_from(args, duration: float | None) -> tuple[list[Question], bool]:
 
 
 class StdinQuestions:
-    """Questions typed or piped on stdin, read on a thread and released at the next turn boundary."""
+    """Questions typed or piped on stdin, read on a thread and released at the next turn boundary.
+
+    The thread reads fd 0 with select + os.read and stops when `close()` is called: a thread blocked in
+    `sys.stdin.buffer` holds that object's lock, and at interpreter shutdown (a terminal never sends
+    EOF) Python aborts on it ("Fatal Python error", SIGABRT, exit 134)."""
 
     def __init__(self, schedule: Schedule):
         self.schedule, self.lock, self.error = schedule, threading.Lock(), None
+        self.closed, self.eof = threading.Event(), threading.Event()
+        if sys.stdin is None or sys.stdin.closed:
+            self.eof.set()
+            return
         if sys.stdin.isatty():
             print("stream-qa: type a question and press Enter (\"… @30s\" to ask at a video time)", file=sys.stderr)
-        threading.Thread(target=self._read, daemon=True).start()
+        self.thread = threading.Thread(target=self._read, daemon=True, name="stdin")
+        self.thread.start()
 
     def _read(self) -> None:
+        pending = b""
         try:
-            for line in sys.stdin.buffer:
-                text = line.decode("utf-8").strip()
-                if text:
-                    with self.lock:
-                        self.schedule.add(parse_ask(text))
+            fd = sys.stdin.fileno()
+            while not self.closed.is_set():
+                if not select.select([fd], [], [], 0.2)[0]:
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    self._add(line)
+                if len(pending) > 4 * MAX_QUESTION_CHARS:  # UTF-8 is at most 4 bytes a character
+                    raise QuestionError(f"a question longer than {MAX_QUESTION_CHARS:,} characters")
+            if pending and not self.closed.is_set():
+                self._add(pending)
         except UnicodeDecodeError:
             self.error = QuestionError("stdin: the question text is not UTF-8")
         except QuestionError as err:
             self.error = QuestionError(f"stdin: {err}")
+        except (OSError, ValueError):  # stdin closed under us: no more questions
+            pass
+        finally:
+            self.eof.set()
+
+    def _add(self, line: bytes) -> None:
+        text = line.decode("utf-8").strip()
+        if text:
+            with self.lock:
+                self.schedule.add(parse_ask(text))
+
+    def close(self) -> None:
+        self.closed.set()
+        if getattr(self, "thread", None) is not None:
+            self.thread.join(timeout=1.0)
 
     def due(self, t):
         if self.error:
@@ -96,6 +135,8 @@ class StdinQuestions:
             return self.schedule.due(t)
 
     def rest(self):
+        if not sys.stdin.isatty():  # a pipe: what it already holds is asked too
+            self.eof.wait(timeout=2.0)
         if self.error:
             raise self.error
         with self.lock:
@@ -108,7 +149,15 @@ def policy_kwargs(args) -> dict:
 
 def load_session(args, adapter):
     budget = None if args.policy == "full" else args.budget
-    session = adapter.new_session(args.policy, budget=budget, **policy_kwargs(args))
+    if budget == "auto":
+        from .memory import auto_budget_for
+
+        budget, auto = auto_budget_for(adapter, args.max_new_tokens, args.device)
+        print(f"stream-qa: --budget auto: {budget} tokens per layer ({auto.explain()})", file=sys.stderr)
+    try:
+        session = adapter.new_session(args.policy, budget=budget, **policy_kwargs(args))
+    except ValueError as err:  # the policy refuses these options (window larger than the budget, …)
+        raise ConfigError(f"--policy {args.policy}: {one_line(err)}") from err
     budgets = session.cache.budgets
     if budgets:
         turn = adapter.describe().visual_tokens + len(adapter.text_ids("".join(adapter.clip_text(1, 0.0)))[0])
@@ -127,32 +176,34 @@ def _interrupt(signum, frame):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    tune_allocator()  # a stream runs for hours: freed tensor memory goes back to the OS
     out = sys.stdout
     try:
         return _run(args, out)
     except KeyboardInterrupt:
-        out.flush()
+        try:
+            out.flush()
+        except BrokenPipeError:
+            detach_stdout()
         print("stream-qa: stopped; every answer given so far is above", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except (SourceError, QuestionError, UsageError) as err:
-        print(f"stream-qa: {err}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except ValueError as err:  # configuration errors from the core or an adapter (AssetError included)
-        print(f"stream-qa: {str(err).splitlines()[0]}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except BrokenPipeError:  # the reader left (`stream-qa … | head -1`): stop quietly, as a pipe stage does
+        detach_stdout()
+        return EXIT_BROKEN_PIPE
+    except Exception as err:
+        if is_user_error(err):  # bad input or set-up (AssetError included): one line
+            print(f"stream-qa: {one_line(err)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        path = write_bug_report(err, "stream-qa", argv)  # anything else is ours: keep the traceback
+        print(f"stream-qa: internal error ({type(err).__name__}: {one_line(err)[:200]}); this is a bug, "
+              f"not your input: the traceback is in {path}", file=sys.stderr)
+        return EXIT_BUG
 
 
 def _run(args, out) -> int:
-    from inf_mllm import POLICIES
-    from models import ADAPTERS, load_adapter
-
-    from .engine import TurnEngine
-
-    if args.policy not in POLICIES:
-        raise UsageError(f"unknown policy {args.policy!r}; available: {', '.join(POLICIES)}")
+    # everything the user gave is checked before torch and transformers load (13-55 s)
+    check_args(args)
     name, *path = args.model
-    if name not in ADAPTERS:
-        raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
     if len(path) > 1:
         raise UsageError("--model takes a name and at most one path")
     default_run = args.video is None and args.webcam is None and args.url is None
@@ -160,12 +211,24 @@ def _run(args, out) -> int:
     source = open_source(video, args.webcam, args.url, fps=args.fps, realtime=not args.fast, loops=args.loop)
     duration = getattr(source, "duration", None)
     qs, use_stdin = questions_from(args, duration * args.loop if duration else None)
+    check_times(qs, duration * args.loop if duration else None)
+
+    from inf_mllm import POLICIES
+    from models import ADAPTERS, load_adapter
+
+    from .engine import TurnEngine
+
+    if args.policy not in POLICIES:
+        raise UsageError(f"unknown policy {args.policy!r}; available: {', '.join(POLICIES)}")
+    if name not in ADAPTERS:
+        raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
+    check_device(args.device)
     print(f"stream-qa: {video or args.url or f'webcam {args.webcam}'}; loading {name}…", file=sys.stderr)
     adapter = load_adapter(name, path[0] if path else None, device=args.device)
     session = load_session(args, adapter)
     schedule = StdinQuestions(Schedule(qs)) if use_stdin else Schedule(qs)
     engine = TurnEngine(adapter, session, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
-                        drop_when_full=not args.fast and isinstance(duration, float))
+                        drop_when_full=getattr(source, "live", False))  # a camera or a paced file cannot wait
 
     def on_clip(clip):
         t = engine.telemetry
@@ -179,12 +242,16 @@ def _run(args, out) -> int:
         out.write(f"[{engine.video_t:7.1f}s] Q: {question.text}\n{'':11}A: " if piece is None else piece)
         out.flush()
 
-    for answer in engine.run(source, schedule, on_clip, on_token):
-        if args.json:
-            out.write(json.dumps(answer.as_dict()) + "\n")
-        else:
-            out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens)\n")
-        out.flush()
+    try:
+        for answer in engine.run(source, schedule, on_clip, on_token):
+            if args.json:
+                out.write(json.dumps(answer.as_dict()) + "\n")
+            else:
+                out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens)\n")
+            out.flush()
+    finally:
+        if isinstance(schedule, StdinQuestions):
+            schedule.close()
     return 0
 
 

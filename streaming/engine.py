@@ -2,8 +2,11 @@
 
 Ingest (decode, sample, encode frames into visual embeddings) runs on its own thread behind a
 bounded queue, so the video keeps playing while the model answers; the model thread appends each
-clip as a turn, answers questions between clips, and the cache evicts at every turn boundary. A
-paced (real-time) source that outruns the model drops whole clips rather than falling behind.
+clip as a turn, answers questions between clips, and the cache evicts at every turn boundary.
+The adapter's pure `encode` runs on the ingest thread and its stateful `append_clip` on the model
+thread, in video order. With `drop_when_full` (live sources: a camera cannot wait) a clip that
+finds the queue full is dropped and counted rather than falling behind. Shutdown is prompt from
+either side: the model thread leaving (end, error, a closed consumer) or `close()` from outside.
 """
 
 import queue
@@ -38,6 +41,7 @@ class Answer:
     kv_tokens: int
     kv_mb: float
     rss_mb: float
+    recalled: list = field(default_factory=list)  # stored clips linked back for this answer: {clip, start, end}
 
     def as_dict(self) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -57,12 +61,16 @@ class Telemetry:
         return self.video_s / self.ingest_s if self.ingest_s else float("inf")
 
 
-_END = object()
+_END = object()  # the source has ended
+_WAKE = object()  # a question arrived: answer it at this turn boundary
+_POLL_S = 0.25  # how often an idle model thread looks for stop and untimed questions
 
 
 class TurnEngine:
     def __init__(self, adapter, session, clip_seconds: float = 4.0, queue_size: int = 4,
                  max_new_tokens: int = 16, drop_when_full: bool = False):
+        """`drop_when_full`: for live sources (webcam, browser camera, URL, a paced file), drop a clip
+        the model has no room for and count it in `telemetry.dropped`; otherwise ingest waits."""
         self.adapter, self.session = adapter, session
         self.clip_seconds, self.max_new_tokens = clip_seconds, max_new_tokens
         self.clips: queue.Queue = queue.Queue(maxsize=queue_size)
@@ -71,16 +79,23 @@ class TurnEngine:
         self.telemetry = Telemetry()
         self.error: BaseException | None = None
         self.video_t = 0.0  # video time covered by the clips in the cache
+        self.resume_at: tuple[int, float] = (0, 0.0)  # (clips already seen, video time): continue a session after them
+        self.oracle: Callable[[Question], Callable[[dict], bool]] | None = None  # benchmarks: a recall's right answer
 
     # --- ingest thread --------------------------------------------------------------------------
 
     def _ingest(self, source) -> None:
-        frames, times, index = [], [], 0
+        frames, times = [], []
+        index, skip_before = self.resume_at
         t0 = self._clock(source)
+        frames_in = iter(source)
         try:
-            for frame in source:
+            for frame in frames_in:
                 if self.stop.is_set():
                     return
+                if frame.t < skip_before:  # resumed: these clips are in the session already
+                    t0 = self._clock(source)
+                    continue
                 if frames and frame.t - times[0] >= self.clip_seconds:
                     index += 1
                     self._emit(index, frames, times, t0, source)
@@ -92,6 +107,9 @@ class TurnEngine:
         except BaseException as err:  # handed to the model thread, which reports it
             self.error = err
         finally:
+            close = getattr(frames_in, "close", None)
+            if close:  # a generator source releases its file or camera now, not at garbage collection
+                close()
             self._put(_END, force=True)
 
     @staticmethod
@@ -101,7 +119,7 @@ class TurnEngine:
 
     def _emit(self, index: int, frames, times, t0: float, source) -> None:
         with torch.inference_mode():
-            visual = self.adapter.encode_clip(np.stack(frames), times)
+            visual = self.adapter.encode(np.stack(frames), times)
         step = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else self.clip_seconds
         end = times[-1] + step  # the last frame stands for one sampling interval
         spent = self._clock(source) - t0
@@ -110,7 +128,8 @@ class TurnEngine:
         self._put(Clip(index, times[0], end, visual, spent))
 
     def _put(self, item, force: bool = False) -> None:
-        while not self.stop.is_set() or force:
+        """Queue a clip (or, `force`d, the end): never dropped, but given up once the model thread has stopped."""
+        while not self.stop.is_set():
             try:
                 self.clips.put(item, timeout=0.2)
                 return
@@ -118,7 +137,17 @@ class TurnEngine:
                 if self.drop_when_full and not force:
                     self.telemetry.dropped += 1
                     return
-        return
+
+    def close(self) -> None:
+        """Stop from outside (another thread): ingest and the model thread both end promptly."""
+        self.stop.set()
+
+    def wake(self) -> None:
+        """A question was added to the schedule: answer it at the next turn boundary, not the next clip."""
+        try:
+            self.clips.put_nowait(_WAKE)
+        except queue.Full:  # the model thread has clips waiting and looks at the schedule before each
+            pass
 
     # --- model thread ---------------------------------------------------------------------------
 
@@ -128,21 +157,28 @@ class TurnEngine:
         thread = threading.Thread(target=self._ingest, args=(source,), name="ingest", daemon=True)
         thread.start()
         try:
-            while True:
-                item = self.clips.get()
+            while not self.stop.is_set():
+                try:
+                    item = self.clips.get(timeout=_POLL_S)
+                except queue.Empty:
+                    item = _WAKE
                 if item is _END:
                     break
+                if item is _WAKE:  # between turns and idle: untimed questions, and those the video has reached
+                    for q in schedule.due(self.video_t) if self.telemetry.clips else []:
+                        yield self.answer(q, on_token)
+                    continue
                 # questions due by the start of this clip go in before it; nothing is asked of an empty cache
                 for q in schedule.due(item.start) if self.telemetry.clips else []:
                     yield self.answer(q, on_token)
-                self.adapter.append_clip(self.session, item.visual, item.index, item.start)
+                self.adapter.append_clip(self.session, item.visual, item.index, item.start, item.end)
                 self.video_t = item.end
                 self.telemetry.clips += 1
                 if on_clip:
                     on_clip(item)
             if self.error is not None:
                 raise self.error
-            for q in schedule.rest():  # asked after the video ended
+            for q in [] if self.stop.is_set() else schedule.rest():  # asked after the video ended
                 yield self.answer(q, on_token)
         finally:
             self.stop.set()
@@ -153,7 +189,8 @@ class TurnEngine:
             on_token(question, None)  # announces the question before its first token
         t0 = time.perf_counter()
         pieces, first = [], None
-        for piece in self.adapter.ask(self.session, question.text, self.max_new_tokens):
+        extra = {"oracle": self.oracle(question)} if self.oracle else {}
+        for piece in self.adapter.ask(self.session, question.text, self.max_new_tokens, **extra):
             if first is None:
                 first = time.perf_counter()
             pieces.append(piece)
@@ -166,4 +203,6 @@ class TurnEngine:
         return Answer(
             video_t=self.video_t, question=question.text, answer="".join(pieces).strip(), ttft_s=first - t0,
             tokens_per_s=n / decode if decode else 0.0, kv_tokens=self.session.kv_tokens,
-            kv_mb=self.session.kv_bytes / 2**20, rss_mb=psutil.Process().memory_info().rss / 2**20)
+            kv_mb=self.session.kv_bytes / 2**20, rss_mb=psutil.Process().memory_info().rss / 2**20,
+            recalled=[{k: meta[k] for k in ("clip", "start", "end") if k in meta}
+                      for _, meta in self.session.last_recalled])

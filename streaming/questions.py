@@ -8,11 +8,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import UserError
+
 _NUM = r"(\d+(?:\.\d+)?)"
+MAX_QUESTION_CHARS = 2000  # ~500 tokens: a question's prefill stays well under a second on a CPU
 _TIME = re.compile(rf"^(?:(\d+):)?(?:(\d+):)?{_NUM}$|^(?:{_NUM}h)?(?:{_NUM}m)?(?:{_NUM}s)?$")
 
 
-class QuestionError(ValueError):
+class QuestionError(UserError):
     """A question or schedule the user wrote cannot be read; one line for the user."""
 
 
@@ -38,6 +41,8 @@ def parse_time(text: str) -> float:
 def parse_ask(text: str) -> Question:
     """"question" or "question @time"; an "@" not followed by a digit is part of the question."""
     body, at, when = text.rpartition("@")
+    if at and body.strip() and re.match(r"-\s*\d", when.strip()):
+        raise QuestionError(f"a video time cannot be negative: @{when.strip()}")
     if at and body.strip() and when.strip()[:1].isdigit():
         return Question(_clean(body), parse_time(when))
     return Question(_clean(text))
@@ -47,7 +52,18 @@ def _clean(text: str) -> str:
     text = text.strip()
     if not text:
         raise QuestionError("empty question")
+    if len(text) > MAX_QUESTION_CHARS:
+        raise QuestionError(f"a question of {len(text):,} characters is too long: at most {MAX_QUESTION_CHARS:,}")
     return text
+
+
+def check_times(questions: list[Question], end: float | None) -> None:
+    """A question timed after the end of a file would never be asked at its time: say so now."""
+    if end is None:
+        return
+    for q in questions:
+        if q.at is not None and q.at > end:
+            raise QuestionError(f"{q.text[:40]!r} is asked at {q.at:g} s but the video ends at {end:g} s")
 
 
 def every(interval: str | float, text: str, until: float) -> list[Question]:

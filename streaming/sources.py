@@ -6,16 +6,51 @@ frame fails with one `SourceError` line; so does a file that breaks off before i
 """
 
 import importlib.util
+import math
+import os
+import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .errors import UserError
 
-class SourceError(ValueError):
+# ffmpeg inside OpenCV logs at this level (-8: quiet); our one-line SourceError says what went wrong
+os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
+
+
+class SourceError(UserError):
     """A video source cannot be opened or read; the message is one line for the user."""
+
+
+@contextmanager
+def quiet_native_logs():
+    """decord, ffmpeg and OpenCV print from C straight to fd 2 ("moov atom not found", "ERROR opening");
+    while a file is probed (one thread, before any telemetry) that goes to /dev/null instead."""
+    try:
+        sys.stderr.flush()
+        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except (OSError, ValueError):
+        yield
+        return
+    os.dup2(devnull, 2)
+    os.close(devnull)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _import_decord():
+    import decord
+
+    decord.logging.set_level(decord.logging.QUIET)  # its ffmpeg: no log lines on corrupt frames
+    return decord
 
 
 @dataclass(frozen=True)
@@ -51,50 +86,82 @@ class FileSource:
         self.path = Path(path)
         if not self.path.exists():
             raise SourceError(f"no such video file: {self.path}")
-        if fps <= 0:
-            raise SourceError(f"sampling rate must be positive, got {fps}")
+        if self.path.is_dir():
+            raise SourceError(f"{self.path} is a folder, not a video file")
+        if self.path.stat().st_size == 0:
+            raise SourceError(f"{self.path} is empty (0 bytes): it holds no video frames")
+        if not (math.isfinite(fps) and fps > 0):
+            raise SourceError(f"sampling rate must be a positive number, got {fps}")
         if loops < 1:
             raise SourceError(f"--loop must be at least 1, got {loops}")
         self.fps, self.realtime, self.loops, self.backend = fps, realtime, loops, backend
+        self.live = realtime  # paced to the video clock: a clip the model has no room for is dropped
         self.waited_s = 0.0  # time spent waiting for the video clock, not decoding
+        self.skipped = 0  # damaged frames left out
         self.native_fps, self.count = self._probe()
         if self.count <= 0:
             raise SourceError(f"{self.path} holds no video frames")
         self.duration = self.count / self.native_fps
 
     def _probe(self) -> tuple[float, int]:
-        self._decord = None
-        if self.backend != "opencv" and importlib.util.find_spec("decord") is not None:
-            import decord
+        """(native fps, frame count), choosing the reader: decord unless its frames or its count are
+        wrong for this file, then OpenCV."""
+        self._decord, decord_error = None, ""
+        with quiet_native_logs():
+            if self.backend != "opencv" and importlib.util.find_spec("decord") is not None:
+                decord = _import_decord()
+                try:
+                    reader = decord.VideoReader(str(self.path), ctx=decord.cpu(0), num_threads=1)
+                    fps, count = _native_fps(reader.get_avg_fps()), len(reader)
+                    first = reader[0].asnumpy() if count else None
+                except Exception as err:  # decord raises its own error types for unreadable files
+                    decord_error, reader = str(err), None
+                # decord2 hands back the row padding of narrow frames (2-16, 24, 48, 72 px wide) as extra
+                # channels, and can count only the frames before a break in a truncated file: OpenCV reads both right
+                if reader is not None and first is not None and first.ndim == 3 and first.shape[2] == 3:
+                    cv_count = _opencv_count(self.path)
+                    if cv_count is None or cv_count <= count:
+                        self._decord = reader
+                        return fps, count
+            import cv2
 
-            try:
-                self._decord = decord.VideoReader(str(self.path), ctx=decord.cpu(0), num_threads=1)
-                return float(self._decord.get_avg_fps() or 25.0), len(self._decord)
-            except Exception as err:  # decord raises its own error types for unreadable files
-                if not _opencv_opens(self.path):
-                    raise SourceError(f"{self.path} is not a readable video ({str(err).splitlines()[0][:80]})") from err
-        import cv2
-
-        cap = cv2.VideoCapture(str(self.path))
-        if not cap.isOpened():
+            cap = cv2.VideoCapture(str(self.path))
+            opened = cap.isOpened() and cap.grab()
+            fps, count = cap.get(cv2.CAP_PROP_FPS), cap.get(cv2.CAP_PROP_FRAME_COUNT)
+            cap.release()
+        if not opened:
+            if "cannot find video" in decord_error or "st_nb >= 0" in decord_error:
+                raise SourceError(f"{self.path} has no video stream, so no video frames (audio only, or an empty "
+                                  "recording)")
             raise SourceError(f"{self.path} is not a readable video")
-        fps, count = cap.get(cv2.CAP_PROP_FPS) or 25.0, int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
-        cap.release()
-        return float(fps), count
+        if not 0 < count < 1e9:  # OpenCV opens a still image through its image codecs: no frame count
+            raise SourceError(f"{self.path} is a still image or has no frame count: give a video file")
+        return _native_fps(fps), int(count)
 
     def sample_indices(self) -> list[int]:
         """Native frame indices at 0, 1/fps, 2/fps, … seconds of one pass."""
-        times = np.arange(0.0, self.duration, 1.0 / self.fps)
+        times = np.arange(0.0, self.duration, max(1.0 / self.fps, 1.0 / self.native_fps))  # ≤ every frame
         return sorted({min(int(round(t * self.native_fps)), self.count - 1) for t in times})
 
-    def _read_pass(self, indices) -> Iterator[np.ndarray]:
+    def _read_pass(self, indices) -> Iterator[tuple[int, np.ndarray]]:
+        """(frame index, RGB) for each wanted frame. decord skips a damaged frame (the decoder resumes at
+        the next key frame) with one warning per file; more than half of them damaged is a broken file."""
         if self._decord is not None:
+            bad = 0
             for i in indices:
                 try:
-                    yield self._decord[i].asnumpy()
+                    rgb = self._decord[i].asnumpy()
                 except Exception as err:
-                    raise SourceError(f"{self.path} is truncated or corrupt: frame {i} of {self.count} "
-                                      "cannot be decoded") from err
+                    bad += 1
+                    self.skipped += 1
+                    if bad > len(indices) // 2:
+                        raise SourceError(f"{self.path} is truncated or corrupt: {bad} of {len(indices)} sampled "
+                                          f"frames cannot be decoded") from err
+                    if self.skipped == 1:
+                        print(f"warning: {self.path}: frame {i} of {self.count} cannot be decoded; damaged frames "
+                              "are skipped", file=sys.stderr)
+                    continue
+                yield i, rgb
             return
         import cv2
 
@@ -108,7 +175,7 @@ class FileSource:
                 ok, bgr = cap.retrieve()
                 if not ok:
                     raise SourceError(f"{self.path} is truncated or corrupt: frame {i} cannot be decoded")
-                yield cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+                yield i, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
                 target = next(wanted, None)
             i += 1
         cap.release()
@@ -117,20 +184,27 @@ class FileSource:
         indices = self.sample_indices()
         start = time.monotonic()
         for loop in range(self.loops):
-            for i, rgb in zip(indices, self._read_pass(indices), strict=True):
+            for i, rgb in self._read_pass(indices):
                 t = loop * self.duration + i / self.native_fps
                 if self.realtime:
                     self.waited_s += _pace(start, t)
                 yield Frame(t, rgb)
 
 
-def _opencv_opens(path: Path) -> bool:
+def _native_fps(fps) -> float:
+    """A file's frame rate, 25 where the container states none (0, NaN or absurd)."""
+    fps = float(fps or 0.0)
+    return fps if math.isfinite(fps) and 0 < fps < 10_000 else 25.0
+
+
+def _opencv_count(path: Path) -> int | None:
+    """OpenCV's frame count from the container, None where it gives none."""
     import cv2
 
     cap = cv2.VideoCapture(str(path))
-    ok = cap.isOpened() and cap.grab()
+    count = cap.get(cv2.CAP_PROP_FRAME_COUNT) if cap.isOpened() else -1
     cap.release()
-    return ok
+    return int(count) if 0 < count < 1e9 else None
 
 
 class CaptureSource:
@@ -139,15 +213,24 @@ class CaptureSource:
     Live sources are paced by nature; `max_seconds` ends the stream (None: until the source ends).
     """
 
+    live = True  # a camera cannot wait for the model: the engine drops clips it has no room for
+
     def __init__(self, target: int | str, fps: float = 1.0, max_seconds: float | None = None):
         import cv2
 
         self.target, self.fps, self.max_seconds = target, fps, max_seconds
         what = f"webcam {target} (/dev/video{target})" if isinstance(target, int) else f"stream {target}"
-        self.cap = cv2.VideoCapture(target)
+        if not (math.isfinite(fps) and fps > 0):
+            raise SourceError(f"sampling rate must be a positive number, got {fps}")
+        with quiet_native_logs():  # OpenCV's V4L2 / ffmpeg warnings would precede the one-line error
+            if isinstance(target, int) or "://" not in target:  # a webcam, or a GStreamer pipeline (CSI camera)
+                self.cap = cv2.VideoCapture(target)
+            else:  # a stream that never answers fails after 10 s rather than hanging
+                self.cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, 10_000,
+                                                                     cv2.CAP_PROP_READ_TIMEOUT_MSEC, 10_000])
+            ok = self.cap.isOpened() and self.cap.read()[0]
         if not self.cap.isOpened():
             raise SourceError(f"cannot open {what}: check that it exists and is not in use")
-        ok, _ = self.cap.read()
         if not ok:
             self.cap.release()
             raise SourceError(f"{what} opened but delivers no frames")
@@ -160,7 +243,9 @@ class CaptureSource:
         try:
             while self.max_seconds is None or next_t < self.max_seconds:
                 ok, bgr = self.cap.read()
-                if not ok:
+                if not ok:  # unplugged, or the stream closed: what was seen so far is still answered
+                    print(f"warning: {self.what} stopped delivering frames after {time.monotonic() - start:.1f} s",
+                          file=sys.stderr)
                     return
                 t = time.monotonic() - start
                 if t >= next_t:

@@ -3,12 +3,17 @@
 Flash-VStream's serving loop (`serve/cli_video_stream.py`) feeds frames one by one into the memory
 in a separate process and, for every question, builds a fresh prompt whose single `<image>` slot
 holds the memory's current read-out (`prepare_inputs_labels_for_multimodal_streaming`). The same
-mapping here: `add_clip` only updates the memory (nothing enters the KV cache), and `ask` appends
+mapping here: a clip only updates the memory (nothing enters the KV cache), and `ask` appends
 one turn — the clip text with the read-out in place, then the question — so the read-out the LLM
 sees is always the memory at question time. Unlike their loop, earlier turns (older read-outs,
 questions, answers) stay in the bounded cache, where the eviction policy decides what survives.
+
+In the engine, `encode` (ingest thread) only extracts frame features; the memory is updated in
+`append_clip` on the model thread, in video order, so a question reads exactly the clips before it
+(updating on the ingest thread raced with `ask` and ran up to a queue's length ahead).
 """
 
+import copy
 from abc import abstractmethod
 from collections.abc import Iterator, Sequence
 
@@ -38,9 +43,20 @@ class MemoryAdapter(VideoAdapter):
 
     def observe(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> None:
         """Feed a clip's frames into the memory one by one, in order."""
-        self.memory.update_clip(self.features(frames))
+        self.remember(self.encode(frames, timestamps), float(timestamps[0]) if len(timestamps) else None)
+
+    def remember(self, features: torch.Tensor, start_s: float | None = None) -> None:
+        """(T, P, D) frame features into the memory: the stateful step, model thread only."""
+        self.memory.update_clip(features)
         self.clips += 1
-        self.clip_start = float(timestamps[0]) if len(timestamps) else self.clip_start
+        self.clip_start = self.clip_start if start_s is None else start_s
+
+    def fork(self) -> "MemoryAdapter":
+        """Same weights, an empty memory of its own: one per concurrent stream."""
+        other = copy.copy(self)
+        other.memory = StarMemory(self.memory.config, self.memory.attention, seed=self.memory.seed)
+        other.clips, other.clip_start = 0, 0.0
+        return other
 
     @torch.no_grad()
     def readout(self) -> torch.Tensor:
@@ -52,6 +68,11 @@ class MemoryAdapter(VideoAdapter):
         return self.project(tokens)
 
     # --- VideoAdapter -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def encode(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> torch.Tensor:
+        """Frame features only (pure); `append_clip` puts them into the memory."""
+        return self.features(frames)
 
     @torch.no_grad()
     def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> torch.Tensor:
@@ -73,10 +94,14 @@ class MemoryAdapter(VideoAdapter):
         visual = self.clip_turn(self.readout(), max(self.clips, 1), self.clip_start)
         return torch.cat([visual, self.embed_text(self.question_text(question))[None]], dim=1)
 
-    def append_clip(self, session: StreamSession, visual: torch.Tensor, index: int, start_s: float = 0.0) -> None:
-        """Nothing enters the cache with a clip: the memory holds it until a question reads it out."""
+    @torch.no_grad()
+    def append_clip(self, session: StreamSession, visual: torch.Tensor, index: int, start_s: float = 0.0,
+                    end_s: float | None = None) -> None:
+        """`encode`'s features go into the memory; nothing enters the cache until a question reads it out."""
+        self.remember(visual, start_s)
 
     def ask(self, session: StreamSession, question: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
         """Append read-out + question as one turn (no eviction between them) and stream the answer."""
-        session.append(inputs_embeds=self.question_embeds(question))
+        kwargs.pop("oracle", None)  # its memory read-out is the recall: no clip turns are stored
+        session.append(inputs_embeds=self.question_embeds(question), store=False)
         return self.stream_answer(session, max_new_tokens, **kwargs)

