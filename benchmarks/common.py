@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 
 METRICS = ("ppl", "accuracy", "decode_ms_per_token", "ttft_s", "evict_share", "kv_tokens", "kv_mb", "rss_mb",
-           "tokens_per_s", "oom_round", "ingest_speed", "rss_slope_mb_per_round")
+           "tokens_per_s", "oom_round", "ingest_speed", "rss_slope_mb_per_round", "recall_at_k", "store_mb_per_hour",
+           "link_ms", "reencode_ms")
 
 # The configurations every benchmark compares; inf_mllm is the paper's algorithm as written.
 POLICY_CONFIGS = {
@@ -27,8 +28,15 @@ POLICY_CONFIGS = {
 }
 
 
-def policy_configs(names=None, budget: int | None = None) -> dict[str, dict]:
-    chosen = {k: dict(v) for k, v in POLICY_CONFIGS.items() if names is None or k in names}
+# inf_mllm with recall of evicted turns (inf_mllm/recall.py), beside its references: similarity only,
+# the oracle (exactly the right turn) and k random turns. Run by the benchmarks whose questions look back.
+RECALL_POLICIES = ("inf_mllm+recall", "inf_mllm+recall_keys", "inf_mllm+recall_oracle", "inf_mllm+recall_random")
+
+
+def policy_configs(names=None, budget: int | None = None, recall: bool = False) -> dict[str, dict]:
+    """The compared configurations (with `recall`, also the RECALL_POLICIES, configured as inf_mllm)."""
+    configs = {**POLICY_CONFIGS, **({p: POLICY_CONFIGS["inf_mllm"] for p in RECALL_POLICIES} if recall else {})}
+    chosen = {k: dict(v) for k, v in configs.items() if names is None or k in names}
     for cfg in chosen.values():  # a window never larger than the budget
         if "window" in cfg and budget is not None:
             cfg["window"] = min(cfg["window"], budget // 4)

@@ -17,6 +17,7 @@ import torch
 from tqdm import tqdm
 
 from inf_mllm import StreamSession, load_model
+from inf_mllm.recall import resident_spans
 
 from .common import policy_configs, print_table, record, write
 from .corpus import gutenberg_text
@@ -39,16 +40,20 @@ def token_ids(tok, text):
     return tok(text, return_tensors="pt", add_special_tokens=False).input_ids
 
 
-def answered(session, question_ids, answer_ids, after_ids) -> bool:
+def answered(session, question_ids, answer_ids, after_ids, oracle=None) -> bool:
     """Append question + answer (+ what follows it) as one turn; whether greedy decoding after the
-    question gives the answer."""
+    question gives the answer. With recall the question's own tokens pick the turns to link."""
     turn = torch.cat([question_ids, answer_ids, after_ids], dim=1)
-    logits = session.append(turn)
+    if session.recall is not None:
+        logits = session.append_question(turn, probe_ids=question_ids, oracle=oracle)
+    else:
+        logits = session.append(turn)
     start = question_ids.shape[1] - 1  # the logits at the question's last token predict the answer's first
     return bool((logits[0, start:start + answer_ids.shape[1]].argmax(-1) == answer_ids[0]).all())
 
 
 def trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
+    """(distance in tokens, right, asked line's turn evicted, that turn recalled) per round."""
     def ids(text):
         return token_ids(tok, text)
 
@@ -61,12 +66,19 @@ def trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
         for i in range(5):
             value = rng.randint(100, 999)
             before = ids("\n".join(block) + "\n").shape[1] if block else 0  # tokens before this line
-            lines.append((keys[r * 5 + i], value, session.seen + before))
+            lines.append((keys[r * 5 + i], value, session.seen + before, r))
             block.append(f"{keys[r * 5 + i]}: {value}")
-        session.append_text("\n".join(block) + "\n")
-        word, value, pos = rng.choice(lines)
-        ok = answered(session, ids(f"{word}:"), ids(f" {value}"), ids("\n"))
-        results.append((session.seen - pos, ok))
+        session.append_text("\n".join(block) + "\n", meta={"round": r})
+        word, value, pos, at = rng.choice(lines)
+        evicted = recalled = None
+        if session.store is not None:
+            by_round = {span.meta["round"]: i for i, span in session.store.spans.items()}
+            evicted = by_round[at] not in resident_spans(session.cache, session.store, session.recall.resident)
+        ok = answered(session, ids(f"{word}:"), ids(f" {value}"), ids("\n"),
+                      oracle=lambda meta, at=at: meta["round"] == at)
+        if session.store is not None:
+            recalled = any(meta["round"] == at for _, meta in session.last_recalled)
+        results.append((session.seen - pos, ok, evicted, recalled))
         bar.update(1)
     return results
 
@@ -77,21 +89,26 @@ def run(args):
     budgets = args.budgets or ([256] if args.quick else [256, 512])
     seeds = [0] if args.quick else [0, 1, 2]
     rounds = 12 if args.quick else 40
-    plans = [("full", None, {})] + [(p, b, cfg) for b in budgets for p, cfg in policy_configs(args.policies, b).items()
-                                   if p != "full"]
+    plans = [("full", None, {})] + [(p, b, cfg) for b in budgets
+                                   for p, cfg in policy_configs(args.policies, b, recall=True).items() if p != "full"]
     records = []
     with tqdm(total=len(plans) * len(seeds) * rounds, desc="retrieval", unit="round") as bar:
         for policy, budget, cfg in plans:
             bar.set_postfix_str(f"{policy}@{budget}")
-            hits = collections.defaultdict(list)
+            hits, found = collections.defaultdict(list), []
             for seed in seeds:
-                for distance, ok in trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
+                for distance, ok, evicted, recalled in trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
                     hits[bucket(distance)].append(ok)
                     hits["all"].append(ok)
-            for name in [b[2] for b in BUCKETS] + ["all"]:
+                    if evicted:  # the asked line's turn had left the cache: was it linked back?
+                        hits["evicted"].append(ok)
+                        found.append(recalled)
+            for name in [b[2] for b in BUCKETS] + ["all", "evicted"]:
                 if hits[name]:
                     records.append(record("retrieval", policy, budget, "accuracy", sum(hits[name]) / len(hits[name]),
                                           name))
+            if found:
+                records.append(record("retrieval", policy, budget, "recall_at_k", sum(found) / len(found), "evicted"))
             write(args.out, "retrieval", records, ["accuracy"])
-    print_table(records, ["accuracy"])
+    print_table(records, ["accuracy", "recall_at_k"])
     write(args.out, "retrieval", records, ["accuracy"])

@@ -9,24 +9,27 @@ unbounded models in the paper do.
 """
 
 import random
+import time
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from inf_mllm import KVShape
+from inf_mllm.recall import resident_spans
 from models.tiny_vlm.data import group_by_image, image_paths, load_image, named, questions
 from streaming.engine import TurnEngine
 from streaming.questions import Question, Schedule
 from streaming.sources import FileSource
 
-from .common import policy_configs, print_table, record, rss_mb, write
+from .common import RECALL_POLICIES, policy_configs, print_table, record, rss_mb, write
 
 CLIP_S = 2.0  # seconds each image is on screen
 VIDEO_FPS = 4
 SIZE = 128
-POLICIES = ("full", "window", "streaming_llm", "h2o", "inf_mllm", "inf_mllm_plus")
+POLICIES = ("full", "window", "streaming_llm", "h2o", "inf_mllm", "inf_mllm_plus", *RECALL_POLICIES)
 BACK_BUCKETS = ((0, 0), (1, 4), (8, 16), (32, 64), (128, 256))
 
 
@@ -79,22 +82,34 @@ def run_one(vlm, video: Path, asks, policy: str, budget: int | None, cfg: dict, 
     session = vlm.new_session(policy, budget=budget, **cfg)
     engine = TurnEngine(vlm, session, clip_seconds=CLIP_S, max_new_tokens=4)
     schedule = Schedule([Question(named(q, j), CLIP_S * k) for k, (j, q) in enumerate(asks, start=1)])
-    per_round, oom = [], None
+    target = {CLIP_S * k: j for k, (j, _) in enumerate(asks, start=1)}
+    engine.oracle = lambda question: (lambda meta, j=target[question.at]: meta.get("clip") == j)
+    per_round, oom, evicted = [], None, []
 
     def on_clip(clip):
         if cap_bytes is not None and session.kv_bytes > cap_bytes:
             raise OutOfMemory(clip.index)
+        if session.store is not None:  # which clips are out of the cache when the next question comes
+            resident = resident_spans(session.cache, session.store, session.recall.resident)
+            evicted[:] = [span.meta["clip"] for i, span in session.store.spans.items()
+                          if i not in resident and "clip" in span.meta]
 
     try:
         for k, answer in enumerate(engine.run(FileSource(video, fps=1.0), schedule, on_clip=on_clip), start=1):
             j, q = asks[k - 1]
-            per_round.append({"round": k, "back": k - j, "ok": answer.answer.strip().lower() == q.answer,
-                              "ttft_s": answer.ttft_s, "kv_mb": answer.kv_mb, "rss_mb": answer.rss_mb})
+            row = {"round": k, "back": k - j, "ok": answer.answer.strip().lower() == q.answer,
+                   "ttft_s": answer.ttft_s, "kv_mb": answer.kv_mb, "rss_mb": answer.rss_mb}
+            if session.store is not None:
+                row["evicted"] = j in evicted
+                row["recalled"] = any(c.get("clip") == j for c in answer.recalled)
+            per_round.append(row)
             if cap_bytes is not None and session.kv_bytes > cap_bytes:
                 raise OutOfMemory(k)
             bar.update()
     except OutOfMemory as err:
         oom = int(err.args[0])
+    if session.store is not None:
+        engine.telemetry.store_bytes = session.store.ram_bytes + session.store.disk_bytes
     return per_round, oom, engine.telemetry
 
 
@@ -120,7 +135,7 @@ def run(args):
     folder = Path(".cache/video_qa")  # regenerated deterministically: not committed
     folder.mkdir(parents=True, exist_ok=True)
     paths = image_paths("test")
-    configs = policy_configs(names, budget)
+    configs = policy_configs(names, budget, recall=True)
     inf = policy_configs(["inf_mllm"], budget)["inf_mllm"]
     # the uncapped full cache runs the short videos only: at 300 rounds it would pass the model's context
     runs = [(vlm, p, p, None if p == "full" else budget, configs[p], None) for p in names if p != "full"]
@@ -146,10 +161,45 @@ def run(args):
     print_table([r for r in records if isinstance(r["x"], int) and r["metric"] == "accuracy"
                  or r["metric"] == "oom_round"], ["accuracy", "oom_round"])
     print_table([r for r in records if r["metric"] == "ttft_s" and isinstance(r["x"], str)], ["ttft_s"])
+    if any("+recall" in n for n in names):
+        records += link_vs_reencode(vlm, budget, paths)
+        print_table([r for r in records if r["metric"] in ("link_ms", "reencode_ms")], ["link_ms", "reencode_ms"])
     path = write(out, "video_qa", records, [])
     plot(path.with_suffix(".png"), records, budget)
     orin_protocol(vlm, out, budget, minutes=3 if args.quick else 30)
     print("RSS at the end:", round(rss_mb()), "MB")
+
+
+@torch.inference_mode()
+def link_vs_reencode(vlm, budget: int, paths, clips: int = 40, repeats: int = 20) -> list[dict]:
+    """Bringing back one evicted clip: linking its stored KV (re-rotated, inserted) against encoding its
+    frame again and prefilling the clip turn, both into the same 512-token cache and undone after."""
+    from inf_mllm import recall
+
+    session = vlm.new_session("inf_mllm+recall", budget=budget, **policy_configs(["inf_mllm"], budget)["inf_mllm"])
+    images = [load_image(paths[i]) for i in range(clips)]
+    for k, img in enumerate(images, start=1):
+        vlm.append_clip(session, vlm.encode(img[None], [CLIP_S * (k - 1)]), k, CLIP_S * (k - 1), CLIP_S * k)
+    resident = recall.resident_spans(session.cache, session.store, session.recall.resident)
+    gone = [i for i in session.store.spans if i not in resident]
+    link_ms, reencode_ms = [], []
+    for r in range(repeats):
+        span = session.store.spans[gone[r % len(gone)]]
+        k = span.meta["clip"]
+        t0 = time.perf_counter()
+        recall.link(session.cache, session.store, [span.id], "end")
+        link_ms.append((time.perf_counter() - t0) * 1000)
+        recall.unlink(session.cache)
+        marks = session.cache.mark()
+        t0 = time.perf_counter()
+        visual = vlm.encode(images[k - 1][None], [span.meta["start"]])
+        session.model(inputs_embeds=vlm.clip_turn(visual, k, span.meta["start"]), past_key_values=session.cache,
+                      use_cache=True)
+        reencode_ms.append((time.perf_counter() - t0) * 1000)
+        session.cache.rollback(marks)
+    label = f"one clip into {budget} tokens"
+    return [record("video_qa", "inf_mllm+recall", budget, "link_ms", float(np.median(link_ms)), label),
+            record("video_qa", "inf_mllm+recall", budget, "reencode_ms", float(np.median(reencode_ms)), label)]
 
 
 def orin_protocol(vlm, out: Path, budget: int, minutes: int, policies=("inf_mllm", "full")):
@@ -205,6 +255,18 @@ def summarize(label, budget, rounds, results, per_round_records: bool):
                               f"{rounds}r rounds {rounds - 9}-{rounds}"))
         for r in per_round if per_round_records else []:
             out += [record(name, label, budget, m, r[m], r["round"]) for m in ("ttft_s", "kv_mb", "rss_mb")]
+    gone = [r for r in per_round if r.get("evicted")]
+    if gone:  # questions whose clip had left the cache: answered how well, and was the clip linked back?
+        out.append(record(name, label, budget, "accuracy", np.mean([r["ok"] for r in gone]), f"{rounds}r evicted"))
+        out.append(record(name, label, budget, "recall_at_k", np.mean([r["recalled"] for r in gone]),
+                          f"{rounds}r evicted"))
+    if per_round and rounds > 10:
+        out.append(record(name, label, budget, "ttft_s", float(np.median([r["ttft_s"] for r in per_round])),
+                          f"{rounds}r all rounds"))
+    stored = [(tele.store_bytes, tele.video_s) for _, _, tele in results if getattr(tele, "store_bytes", None)]
+    if stored:
+        mb_per_hour = np.median([b / 2**20 / (v / 3600) for b, v in stored if v])
+        out.append(record(name, label, budget, "store_mb_per_hour", float(mb_per_hour), rounds))
     speeds = [tele.ingest_speed for _, _, tele in results if tele.ingest_s]
     if speeds:
         out.append(record(name, label, budget, "ingest_speed", float(np.median(speeds)), rounds))  # video s per wall s

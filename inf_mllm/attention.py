@@ -47,8 +47,6 @@ def observing_sdpa(module, query, key, value, attention_mask, **kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
     cache = layer.cache
-    if cache.capture_queries:
-        layer.observe_queries(query[:, :, -l:], key.shape[2] - l)
     if query.is_cuda:
         out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         t0 = _clock(cache, query)

@@ -32,11 +32,10 @@ class StreamingLayer(DynamicLayer):
         self.acc_scores: torch.Tensor | None = None
         # which turn each cached token came from, (B, H, n); linked (recalled) tokens carry -1 - span id
         self.turn_ids: torch.Tensor | None = None
-        self.queries: tuple[torch.Tensor, int] | None = None  # captured window queries and their first position
 
     def update(self, key_states, value_states, *args, **kwargs):
         if self.cache.probe_layers is not None and self.layer_idx >= self.cache.probe_layers:
-            raise ProbeDone  # the probe has the queries it needs: the deeper layers need not run
+            raise ProbeDone  # the probe has the keys it needs: the deeper layers need not run
         keys, values = super().update(key_states, value_states, *args, **kwargs)
         new = key_states.shape[-2]
         if not self.cache.is_decoding:
@@ -61,10 +60,6 @@ class StreamingLayer(DynamicLayer):
         if observe == "window":
             return min(self.cache.policy.window, q_len)
         return min(self.cache.recall_window, q_len)
-
-    def observe_queries(self, queries: torch.Tensor, first_pos: int) -> None:
-        """Called by the attention function with the window's RoPE'd queries (B, Hq, l, d) when capturing."""
-        self.queries = (queries, first_pos)
 
     def observe_scores(self, scores: torch.Tensor, l: int) -> None:
         """Called by the attention function with (B, Hq, n) mean attention of the last l queries."""
@@ -152,7 +147,6 @@ class StreamingCache(Cache):
         self.track_turns = False
         self.turn = 0
         self.recall_window = 0
-        self.capture_queries = False
         self.probe_layers: int | None = None  # a probe forward stops before this layer
         if budgets is not None:
             for budget in budgets:

@@ -1,19 +1,20 @@
 """Recall: evicted turns come back from the span store when a question needs them.
 
-Before a question turn is prefilled, a probe forward of the question over the cache captures its
-queries in the scoring layers (and stops there, leaving no trace). The queries, with RoPE removed,
-score each stored span that is no longer in the cache by its summary (the max over its
-representative keys and the question's queries of q·k, averaged over heads); scores are
-z-normalised per layer, because raw query–key similarity drifts with the stream (MemStream), then
-combined over layers: summed into one ranking (`scoring="sum"`), or each layer votes for its own
-top k (`"vote"`). By default only the first layer scores: its keys are a linear map of the token
-embeddings, so position-free q·k there matches what the question names ("clip 7", a key word)
-against the stored turn's own tokens; deeper layers mix context in and rank stored spans worse
-(measured per layer in benchmarks/results/README.md). The top k spans are
-linked back in time order as one block, re-rotated to fresh contiguous positions (at the end of the
-cache, just before the question, or at its front after the sinks), with no re-encoding. The question
-turn does not evict, so the answer sees them; they leave again at the next turn boundary. `oracle`
-links exactly the right span and `random` k random ones: the references recall is measured against.
+A question first links the stored turns it names (`named`: a predicate on a span's meta, e.g. the
+clip index or video time the question refers to, resolved by the caller), then fills the rest of its
+k slots by similarity. A probe forward of the question over the cache runs up to the last scoring
+layer and stops (leaving no trace); the question's keys there, with RoPE removed, are compared
+with each stored span's summary keys (cosine, best span key per question token). Each question
+token's similarities are z-normalised over the candidate spans, so tokens every turn shares (the
+chat template) weigh nothing and the distinctive ones ("clip", a number, a key word) decide; a span
+scores by its best token, averaged over heads, summed over the scoring layers (`scoring="sum"`) or
+voted per layer (`"vote"`). Keys of the middle layers carry a token together with its neighbours,
+so they match "clip 13" rather than any 1 and 3 (the layer choice is measured in
+benchmarks/results/README.md). The spans are linked back in time order as one block, re-rotated to
+fresh contiguous positions (at the end of the cache, just before the question, or at its front
+after the sinks), with no re-encoding. The question turn does not evict, so the answer sees them;
+they leave again at the next turn boundary. `oracle` links exactly the right span and `random` k
+random ones: the references recall is measured against.
 """
 
 import random
@@ -32,10 +33,11 @@ MODES = ("attention", "oracle", "random")
 class Recall:
     mode: str = "attention"
     k: int = 4
+    named: bool = True  # link the turns a question names (clip, time) before ranking the rest
     scoring: str = "sum"  # "sum": one ranking summed over layers; "vote": each layer votes for its top k
     at: str = "end"  # where recalled spans sit: "end" (before the question) or "front" (after the sinks)
     reps: int = 32  # representative keys per scoring layer and KV head, besides the mean key
-    layers: tuple[int, ...] | None = (0,)  # the layers whose queries score spans (None: every layer)
+    layers: tuple[int, ...] | None = (5, 7)  # the layers whose keys score spans (None: every layer)
     window: int = 64  # turn queries observed to pick representatives (policies without a window of their own)
     resident: float = 0.5  # a span with at least this share of its tokens still cached is not recalled
     seed: int = 0
@@ -53,14 +55,16 @@ class Recall:
 
 
 def parse_policy(name: str) -> tuple[str, Recall | None]:
-    """'inf_mllm+recall' → ('inf_mllm', Recall()); '+recall_oracle' / '+recall_random' pick the mode."""
+    """'inf_mllm+recall' → ('inf_mllm', Recall()); '+recall_keys' ranks by similarity alone, ignoring what the
+    question names; '+recall_oracle' / '+recall_random' are the references it is measured against."""
     base, plus, extra = name.partition("+")
     if not plus:
         return base, None
-    mode = {"recall": "attention", "recall_oracle": "oracle", "recall_random": "random"}.get(extra)
-    if mode is None:
-        raise ValueError(f"unknown policy suffix {'+' + extra!r}; use +recall, +recall_oracle or +recall_random")
-    return base, Recall(mode=mode)
+    kinds = {"recall": {}, "recall_keys": {"named": False}, "recall_oracle": {"mode": "oracle"},
+             "recall_random": {"mode": "random"}}
+    if extra not in kinds:
+        raise ValueError(f"unknown policy suffix {'+' + extra!r}; use {', '.join('+' + k for k in kinds)}")
+    return base, Recall(**kinds[extra])
 
 
 # --- storing a turn ---------------------------------------------------------------------------------
@@ -116,30 +120,24 @@ def resident_spans(cache, store: SpanStore, share: float) -> set[int]:
     return {i for i in store.spans if i < len(counts) and counts[i] >= share * store.spans[i].length * slots}
 
 
-def span_scores(cache, store: SpanStore, candidates: list[int], recall: Recall) -> torch.Tensor:
-    """(N, scoring layers) z-normalised scores of the candidate spans against the captured question queries."""
+def span_scores(question_keys: list[torch.Tensor], store: SpanStore, candidates: list[int]) -> torch.Tensor:
+    """(N, scoring layers) scores of the candidate spans: `question_keys` holds per scoring layer the
+    question's keys without RoPE, (Hkv, M, d)."""
     ids, summaries = store.summaries()
     rows = torch.tensor([ids.index(i) for i in candidates])
-    s = summaries[rows].float()  # (N, layers, Hkv, R, d)
-    queries = []
-    for i in scoring_layers(recall, len(cache.layers)):
-        q, first = cache.layers[i].queries  # (1, Hq, l, d), positions first..first+l-1
-        pos = first + torch.arange(q.shape[2], device=q.device)
-        bare = rerotate(q[0], -pos, cache.inv_freq).float()  # (Hq, l, d)
-        hkv = s.shape[2]
-        queries.append(bare.reshape(hkv, -1, *bare.shape[1:]))  # query head h belongs to KV head h // groups
-    q = torch.stack(queries)  # (scoring layers, Hkv, query heads per KV head, queries, d)
-    # each query head's best match (over the span's keys and the question's queries), z-normalised over
-    # the spans so that no head's scale dominates, then averaged over heads
-    logits = torch.einsum("nlhrd,lhgmd->nlhgmr", s, q).amax(dim=(-1, -2))  # (N, L, Hkv, G)
-    if logits.shape[0] > 1:
-        logits = (logits - logits.mean(dim=0)) / logits.std(dim=0).clamp_min(1e-6)
-    return logits.mean(dim=(2, 3))
+    s = torch.nn.functional.normalize(summaries[rows].float(), dim=-1)  # (N, L, Hkv, R, d)
+    q = torch.nn.functional.normalize(torch.stack(question_keys).float(), dim=-1)  # (L, Hkv, M, d)
+    sim = torch.einsum("nlhrd,lhmd->nlhmr", s, q).amax(dim=-1)  # each question token's best span key
+    if sim.shape[0] > 1:  # per question token over the spans: shared tokens cancel, distinctive ones count
+        sim = (sim - sim.mean(dim=0)) / sim.std(dim=0).clamp_min(1e-4)
+    return sim.amax(dim=-1).mean(dim=-1)  # best token, mean over heads: (N, L)
 
 
-def choose(cache, store: SpanStore, recall: Recall, oracle: Callable[[dict], bool] | None = None) -> list[int]:
-    """Span ids to link for the question whose queries the cache just captured, in time order."""
-    resident = resident_spans(cache, store, recall.resident)
+def choose(store: SpanStore, resident: set[int], recall: Recall, question_keys=None,
+           named: Callable[[dict], bool] | None = None, oracle: Callable[[dict], bool] | None = None) -> list[int]:
+    """Span ids to link for a question, in time order. A question that names stored turns gets those
+    (none if they are all still cached); otherwise the k best matches among all stored turns, of which
+    the ones no longer cached are linked (a question about what the cache holds links little)."""
     candidates = [i for i in sorted(store.spans) if i not in resident]
     if not candidates:
         return []
@@ -149,22 +147,30 @@ def choose(cache, store: SpanStore, recall: Recall, oracle: Callable[[dict], boo
         return [i for i in candidates if oracle(store.spans[i].meta)][: recall.k]
     if recall.mode == "random":
         return sorted(recall.rng.sample(candidates, min(recall.k, len(candidates))))
-    z = span_scores(cache, store, candidates, recall)
-    k = min(recall.k, len(candidates))
+    if named is not None and recall.named:
+        hits = [i for i in sorted(store.spans) if named(store.spans[i].meta)]
+        if hits:
+            return [i for i in hits if i not in resident][: recall.k]
+    if question_keys is None:
+        return []
+    everyone = sorted(store.spans)
+    k = min(recall.k, len(everyone))
+    z = span_scores(question_keys, store, everyone)
     if recall.scoring == "sum":
         order = z.sum(dim=1).topk(k).indices
     else:
-        votes = torch.zeros(len(candidates))
+        votes = torch.zeros(len(everyone))
         votes.index_add_(0, z.topk(k, dim=0).indices.reshape(-1), torch.ones(k * z.shape[1]))
         order = (votes + 1e-3 * z.sum(dim=1).softmax(dim=0)).topk(k).indices
-    return sorted(candidates[i] for i in order.tolist())
+    return sorted(everyone[i] for i in order.tolist() if everyone[i] not in resident)
 
 
 # --- linking and unlinking --------------------------------------------------------------------------
 
 
-def link(cache, store: SpanStore, span_ids: list[int], at: str) -> list[int]:
-    """Insert the spans' KV as one block (in the given order) into every layer; returns those linked."""
+def link(cache, store: SpanStore, span_ids: list[int], at: str, recalled: bool = True) -> list[int]:
+    """Insert the spans' KV as one block (in the given order) into every layer; returns those linked.
+    Recalled tokens are tagged to leave at the next turn; others (a restored session) stay as turns."""
     blocks = [(i, store.kv(i)) for i in span_ids]
     blocks = [(i, kv) for i, kv in blocks if kv is not None]  # a corrupt file drops its span
     if not blocks:
@@ -174,7 +180,7 @@ def link(cache, store: SpanStore, span_ids: list[int], at: str) -> list[int]:
         shift = torch.full((1, 1, k.shape[2]), offset, device=k.device)
         keys.append(cache.rotations.rotate(k, shift) if offset else k)
         values.append(v)
-        tags.append(torch.full((k.shape[2],), -1 - span_id, dtype=torch.long))
+        tags.append(torch.full((k.shape[2],), -1 - span_id if recalled else span_id, dtype=torch.long))
         offset += k.shape[2]
     keys, values, tag = torch.cat(keys, dim=2), torch.cat(values, dim=2), torch.cat(tags)
     for i, layer in enumerate(cache.layers):

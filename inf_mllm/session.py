@@ -13,6 +13,7 @@ import torch
 
 from . import recall as recall_
 from .cache import ProbeDone, StreamingCache
+from .rope import rerotate
 from .store import SpanStore
 
 
@@ -114,39 +115,69 @@ class StreamSession:
 
     @torch.inference_mode()
     def append_question(self, input_ids: torch.Tensor, probe_ids: torch.Tensor | None = None,
+                        named: Callable[[dict], bool] | None = None,
                         oracle: Callable[[dict], bool] | None = None) -> torch.Tensor:
-        """A question turn: with recall, the stored turns it needs are linked back first (the question's
-        queries pick them: `probe_ids`, default the turn itself), and it does not evict them."""
+        """A question turn: with recall, the stored turns it needs are linked back first (those `named`
+        by the question, then the best matches of its keys: `probe_ids`, default the turn itself), and
+        it does not evict them. `oracle` is the right span, for the oracle mode of the benchmarks."""
         self.last_recalled = []
         self._end_answer()
         if self.recall is None:
             return self.append(input_ids, store=False)
         recall_.unlink(self.cache)
         t0 = time.perf_counter()
-        linked = self._recall(probe_ids if probe_ids is not None else input_ids, oracle)
+        resident = recall_.resident_spans(self.cache, self.store, self.recall.resident)
+        keys = None
+        if self.recall.mode == "attention" and len(resident) < len(self.store) and not (
+                named and self.recall.named and any(named(span.meta) for span in self.store.spans.values())):
+            keys = self._question_keys(probe_ids if probe_ids is not None else input_ids)
+        chosen = recall_.choose(self.store, resident, self.recall, keys, named, oracle)
+        linked = recall_.link(self.cache, self.store, chosen, self.recall.at)
         spent = time.perf_counter() - t0
         logits = self._prefill(input_ids, None, evict=not linked, store=False, meta=None)
         self.last.recall_s = spent
         self.last_recalled = [(i, self.store.spans[i].meta) for i in linked if i in self.store]
         return logits
 
-    def _recall(self, probe_ids, oracle) -> list[int]:
-        if not len(self.store):
-            return []
-        if self.recall.mode == "attention":  # capture the question's queries, then leave no trace
-            marks = self.cache.mark()
-            ids, _ = self._with_pending(probe_ids.to(self.device), None)
-            self.cache.capture_queries = True
-            self.cache.probe_layers = max(recall_.scoring_layers(self.recall, len(self.cache.layers))) + 1
+    def restore(self) -> list[int]:
+        """Rebuild the cache after a restart from a reopened store: the newest stored turns that fit in
+        the budget go back in as ordinary turns (linked, not re-encoded); older ones stay recallable.
+        Which tokens each head had kept is not saved, so the rebuilt cache is the recent window."""
+        if self.store is None:
+            raise ValueError("restore needs a session with recall (a store)")
+        room = min(self.cache.budgets) - self.kv_tokens if self.cache.budgets else float("inf")
+        newest = []
+        for span_id in sorted(self.store.spans, reverse=True):
+            length = self.store.spans[span_id].length
+            if length > room:
+                break
+            newest.insert(0, span_id)
+            room -= length
+        restored = recall_.link(self.cache, self.store, newest, "end", recalled=False)
+        self.seen += sum(self.store.spans[i].length for i in restored)
+        return restored
+
+    def _question_keys(self, probe_ids: torch.Tensor) -> list[torch.Tensor]:
+        """The question's keys in the scoring layers, RoPE removed: a probe forward that runs only up to
+        the last of them and leaves the cache as it was."""
+        layers = recall_.scoring_layers(self.recall, len(self.cache.layers))
+        marks = self.cache.mark()
+        ids, _ = self._with_pending(probe_ids.to(self.device), None)
+        self.cache.probe_layers = layers[-1] + 1
+        try:
             try:
                 self.model(input_ids=ids, past_key_values=self.cache, use_cache=True)
             except ProbeDone:
                 pass
-            finally:
-                self.cache.capture_queries, self.cache.probe_layers = False, None
-                self.cache.rollback(marks)
-        chosen = recall_.choose(self.cache, self.store, self.recall, oracle)
-        return recall_.link(self.cache, self.store, chosen, self.recall.at)
+            keys = []
+            for i in layers:
+                n = marks[i][0]
+                k = self.cache.layers[i].keys[0, :, n:]
+                keys.append(rerotate(k, -(n + torch.arange(k.shape[1], device=k.device)), self.cache.inv_freq))
+            return keys
+        finally:
+            self.cache.probe_layers = None
+            self.cache.rollback(marks)
 
     def append_text(self, text: str, **kwargs) -> torch.Tensor:
         ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids

@@ -105,7 +105,8 @@ class VideoAdapter(ABC):
 
     def ask(self, session: StreamSession, question: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
         """Append the question (recalling the stored clips it needs) and stream the answer as text pieces."""
-        session.append_question(self.question_turn(question), oracle=kwargs.pop("oracle", None))
+        session.append_question(self.question_turn(question), named=kwargs.pop("named", None),
+                                oracle=kwargs.pop("oracle", None))
         return self.stream_answer(session, max_new_tokens, **kwargs)
 
     def stream_answer(self, session: StreamSession, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:

@@ -53,7 +53,32 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-new-tokens", type=int, default=16)
     m.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    r = p.add_argument_group("sessions that survive a restart")
+    r.add_argument("--session", metavar="DIR", help="keep settings, clip store and transcript in DIR (implies +recall)")
+    r.add_argument("--resume", metavar="DIR", help="continue the session in DIR after its last stored clip")
     return p
+
+
+# the settings a session folder keeps; --resume takes them from there
+SESSION_SETTINGS = ("video", "webcam", "url", "fps", "clip_seconds", "fast", "loop", "model", "policy", "budget",
+                    "bias", "window", "max_new_tokens", "device")
+
+
+def open_session_dir(args):
+    """--session / --resume: the folder, with args completed from a resumed session's settings."""
+    from .session_dir import SessionDir
+
+    if args.session and args.resume:
+        raise UsageError("--session starts a session and --resume continues one: give one of them")
+    if not (args.session or args.resume):
+        return None
+    folder = SessionDir(args.session or args.resume, resume=bool(args.resume))
+    if args.resume:
+        for key, value in folder.settings().items():
+            setattr(args, key, value)
+    elif "+recall" not in args.policy:
+        args.policy += "+recall"  # the store is what a resumed session answers from
+    return folder
 
 
 def questions_from(args, duration: float | None) -> tuple[list[Question], bool]:
@@ -147,15 +172,16 @@ def policy_kwargs(args) -> dict:
     return {k: v for k, v in (("bias", args.bias), ("window", args.window)) if v is not None}
 
 
-def load_session(args, adapter):
-    budget = None if args.policy == "full" else args.budget
+def load_session(args, adapter, folder=None):
+    budget = None if args.policy.startswith("full") else args.budget
     if budget == "auto":
         from .memory import auto_budget_for
 
         budget, auto = auto_budget_for(adapter, args.max_new_tokens, args.device)
         print(f"stream-qa: --budget auto: {budget} tokens per layer ({auto.explain()})", file=sys.stderr)
     try:
-        session = adapter.new_session(args.policy, budget=budget, **policy_kwargs(args))
+        store = {"store": str(folder.store_path)} if folder is not None else {}
+        session = adapter.new_session(args.policy, budget=budget, **store, **policy_kwargs(args))
     except ValueError as err:  # the policy refuses these options (window larger than the budget, …)
         raise ConfigError(f"--policy {args.policy}: {one_line(err)}") from err
     budgets = session.cache.budgets
@@ -202,6 +228,7 @@ def main(argv=None) -> int:
 
 def _run(args, out) -> int:
     # everything the user gave is checked before torch and transformers load (13-55 s)
+    folder = open_session_dir(args)
     check_args(args)
     name, *path = args.model
     if len(path) > 1:
@@ -214,21 +241,37 @@ def _run(args, out) -> int:
     check_times(qs, duration * args.loop if duration else None)
 
     from inf_mllm import POLICIES
+    from inf_mllm.recall import parse_policy
     from models import ADAPTERS, load_adapter
 
     from .engine import TurnEngine
 
-    if args.policy not in POLICIES:
-        raise UsageError(f"unknown policy {args.policy!r}; available: {', '.join(POLICIES)}")
+    try:
+        base, _ = parse_policy(args.policy)
+    except ValueError as err:
+        raise UsageError(f"--policy {args.policy}: {err}") from err
+    if base not in POLICIES:
+        raise UsageError(f"unknown policy {base!r}; available: {', '.join(POLICIES)} (each may end in +recall)")
     if name not in ADAPTERS:
         raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
     check_device(args.device)
     print(f"stream-qa: {video or args.url or f'webcam {args.webcam}'}; loading {name}…", file=sys.stderr)
     adapter = load_adapter(name, path[0] if path else None, device=args.device)
-    session = load_session(args, adapter)
+    session = load_session(args, adapter, folder)
+    resume_at = (0, 0.0)
+    if folder is not None and args.resume:
+        resume_at = folder.resume_point(session.store)
+        restored = session.restore()
+        qs = [q for q in qs if q.at is None or q.at >= resume_at[1]]  # those before were asked already
+        print(f"stream-qa: resuming after clip {resume_at[0]} ({resume_at[1]:.1f} s of video): {len(session.store)} "
+              f"clips stored, the last {len(restored)} back in the cache, {len(folder.answered())} answers so far",
+              file=sys.stderr)
+    elif folder is not None:
+        folder.save_settings({k: getattr(args, k) for k in SESSION_SETTINGS} | {"video": str(video) if video else None})
     schedule = StdinQuestions(Schedule(qs)) if use_stdin else Schedule(qs)
     engine = TurnEngine(adapter, session, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
                         drop_when_full=getattr(source, "live", False))  # a camera or a paced file cannot wait
+    engine.resume_at, engine.video_t = resume_at, resume_at[1]
 
     def on_clip(clip):
         t = engine.telemetry
@@ -244,14 +287,20 @@ def _run(args, out) -> int:
 
     try:
         for answer in engine.run(source, schedule, on_clip, on_token):
+            if folder is not None:
+                folder.write_answer(answer.as_dict())
             if args.json:
                 out.write(json.dumps(answer.as_dict()) + "\n")
             else:
-                out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens)\n")
+                seen = "".join(f", recalled clip {c['clip']} ({c['start']:.0f}-{c['end']:.0f} s)"
+                               for c in answer.recalled)
+                out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens{seen})\n")
             out.flush()
     finally:
         if isinstance(schedule, StdinQuestions):
             schedule.close()
+        if folder is not None:
+            folder.close()
     return 0
 
 

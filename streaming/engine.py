@@ -19,7 +19,7 @@ import numpy as np
 import psutil
 import torch
 
-from .questions import Question, Schedule
+from .questions import Question, Schedule, references
 
 
 @dataclass
@@ -189,7 +189,9 @@ class TurnEngine:
             on_token(question, None)  # announces the question before its first token
         t0 = time.perf_counter()
         pieces, first = [], None
-        extra = {"oracle": self.oracle(question)} if self.oracle else {}
+        extra = {"named": references(question.text)} if self.session.recall is not None else {}
+        if self.oracle:
+            extra["oracle"] = self.oracle(question)
         for piece in self.adapter.ask(self.session, question.text, self.max_new_tokens, **extra):
             if first is None:
                 first = time.perf_counter()

@@ -25,6 +25,27 @@ class Question:
     at: float | None = None  # video seconds; None: at the next turn boundary
 
 
+_CLIP_REF = re.compile(r"\bclips?\s+#?(\d+)\b", re.IGNORECASE)
+_TIME_REF = re.compile(r"\b(?:at|around)\s+(\d+:\d{2}(?::\d{2})?|\d+(?:\.\d+)?\s*s\b|\d+m(?:\d+s)?)", re.IGNORECASE)
+
+
+def references(text: str):
+    """What a question names of the past — "clip 137", "at 2:30", "at 45s" — as a predicate on a
+    stored turn's meta ({clip, start, end}), or None when it names nothing. Recall links those turns
+    before it ranks the rest by similarity."""
+    clips = {int(n) for n in _CLIP_REF.findall(text)}
+    times = []
+    for t in _TIME_REF.findall(text):
+        try:
+            times.append(parse_time(t.replace(" ", "")))
+        except QuestionError:
+            pass
+    if not clips and not times:
+        return None
+    return lambda meta: meta.get("clip") in clips or any(
+        meta.get("start", -1) <= t < meta.get("end", -1) for t in times)
+
+
 def parse_time(text: str) -> float:
     """Seconds from "90", "90s", "1m30s", "1h", "1:30" or "1:02:03"."""
     text = text.strip()
