@@ -44,7 +44,7 @@ class Settings:
 
     def budget_value(self):
         """Tokens (int) or a memory size ("64MB"); None for the full cache."""
-        if self.policy == "full":
+        if self.policy.startswith("full"):
             return None
         m = _BUDGET.match(str(self.budget))
         if not m:
@@ -52,9 +52,10 @@ class Settings:
         return int(m.group(1)) if m.group(1) else f"{m.group(2)}{m.group(3).upper()}"
 
     def policy_kwargs(self) -> dict:
-        if self.policy not in POLICIES:
-            raise BadInput(f"unknown policy {self.policy!r}; available: {', '.join(POLICIES)}")
-        names = {f.name for f in fields(POLICIES[self.policy])}
+        base = self.policy.removesuffix("+recall")  # recall: evicted clips come back when a question names them
+        if base not in POLICIES:
+            raise BadInput(f"unknown policy {self.policy!r}; available: {', '.join(POLICIES)} (or inf_mllm+recall)")
+        names = {f.name for f in fields(POLICIES[base])}
         return {k: v for k, v in (("bias", self.bias), ("window", self.window)) if v is not None and k in names}
 
     def describe(self) -> str:

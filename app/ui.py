@@ -170,8 +170,10 @@ def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 
                 yield chat, history, gr.skip(), gr.skip()
                 continue
             a = item
+            looked = "".join(f" · recalled clip {c['clip']} ({c['start']:.0f}–{c['end']:.0f} s)" for c in a.recalled)
             history[-1] = {"role": "assistant", "content": f"{stamp}{a.answer}\n\n*{a.ttft_s:.2f} s to first token · "
-                                                           f"{a.tokens_per_s:.0f} tokens/s · {a.kv_tokens} KV tokens*"}
+                                                           f"{a.tokens_per_s:.0f} tokens/s · {a.kv_tokens} KV tokens"
+                                                           f"{looked}*"}
             yield chat, history, write_transcript(chat), gr.skip()
             return
 
@@ -215,7 +217,7 @@ def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 
                 with gr.Accordion("Model and cache", open=False):
                     with gr.Row():
                         model = gr.Dropdown(MODELS, value=MODELS[0], label="Model")
-                        policy = gr.Dropdown(list(POLICIES), value="inf_mllm", label="Policy")
+                        policy = gr.Dropdown([*POLICIES, "inf_mllm+recall"], value="inf_mllm", label="Policy")
                     with gr.Row():
                         budget = gr.Textbox("256", label="Budget (tokens, or e.g. 8MB)", elem_id="budget")
                         bias = gr.Textbox("", label="Bias b", placeholder="policy default", elem_id="bias")

@@ -28,7 +28,7 @@ PLAYS = "plays"  # expected outcome: exit 0 and at least one answer
 @dataclass
 class Case:
     name: str
-    where: str  # "cli", "cli stdin", "cli tty", "cli pipe", "library"
+    where: str  # "cli", "cli stdin", "cli tty", "cli pipe", "cli fault", "cli signal", "cli kill", "library"
     expected: str  # PLAYS, or a regex the one stderr line must match (exit 2)
     build: Callable[[Path], list]  # tmp folder → stream-qa arguments (library: a callable's arguments)
     stdin: bytes | None = None
@@ -37,6 +37,8 @@ class Case:
     call: Callable | None = None  # library cases: call(adapter, *build(tmp)) must raise `expected`
     notes: str = ""
     meta: dict = field(default_factory=dict)
+    fault: tuple | None = None  # (kind, at, times) for jetson.faults: the real model fails in a clip's prefill
+    warns: str | None = None  # a regex one stderr line must match (a fault's warning)
 
     @property
     def exit_code(self) -> int:
@@ -109,6 +111,19 @@ def _line_file(tmp: Path, name: str, data: bytes) -> str:
 
 def _vid(tmp, name, *a, **k) -> str:
     return str(write_video(tmp / name, *a, **k))
+
+
+def _fault_args(tmp, *extra) -> list:
+    """8 one-second clips of a small real video and two questions, after the fault (clip 3) and before it."""
+    return [_vid(tmp, "v.mp4", 64, 64, frames=16, fps=2.0), "--clip-seconds", "1", "--fast", "--json",
+            "--max-new-tokens", "4", "--ask", "what is the color of the shape? @2s",
+            "--ask", "what is the color of the shape? @6s", *extra]
+
+
+def _signal_args() -> list:
+    """A long run with an answer every second of video, streamed as text."""
+    return [clip(), "--loop", "20", "--fast", "--every", "1s", "--question", "what is the color of the shape?",
+            "--max-new-tokens", "8"]
 
 
 # --- library cases -------------------------------------------------------------------------------
@@ -223,6 +238,27 @@ CASES = [
     Case("stream-qa … | head -1", "cli pipe", PLAYS,
          lambda t: [clip(), "--fast", "--json", "--every", "1s", "--question", "what is the color of the shape?"],
          code=141, slow=True, notes="was a BrokenPipeError traceback", meta={"answers": 0}),
+    # faults inside the model and from outside the process
+    Case("exception in one clip turn's prefill (injected)", "cli fault", PLAYS, lambda t: _fault_args(t),
+         fault=("error", 3, 1), warns=r"clip 3 \(.*\) dropped: InjectedFault.*the stream continues",
+         notes="the turn is rolled back and dropped with one warning", meta={"answers": 2}),
+    Case("out of memory in a prefill (simulated), bounded cache", "cli fault", PLAYS,
+         lambda t: _fault_args(t, "--budget", "128"), fault=("oom", 3, 2),
+         warns=r"out of memory in clip 3's prefill .*budget 96 -> 72 tokens per layer, retry 2 of 3",
+         notes="budget tightened by a quarter twice, the turn retried and kept", meta={"answers": 2}),
+    Case("out of memory in a prefill (simulated), full cache", "cli fault", PLAYS,
+         lambda t: _fault_args(t, "--policy", "full"), fault=("oom", 3, 1),
+         warns=r"clip 3 .* dropped: OutOfMemoryError.*a full cache cannot shrink",
+         notes="nothing to tighten: the turn is dropped with one warning", meta={"answers": 2}),
+    Case("the same fault in every clip turn (a bug)", "cli fault", r"internal error \(InjectedFault.*bug.*traceback",
+         lambda t: _fault_args(t), fault=("bug", 2, 1), code=1,
+         notes="3 turns failing in a row is no passing fault: exit 1, traceback in a log file"),
+    Case("SIGINT mid-answer", "cli signal", PLAYS, lambda t: _signal_args(), code=130,
+         notes="every answered line flushed", meta={"signal": "SIGINT"}),
+    Case("SIGTERM mid-answer", "cli signal", PLAYS, lambda t: _signal_args(), code=130,
+         notes="every answered line flushed", meta={"signal": "SIGTERM"}),
+    Case("kill -9 mid-run, --json stdout to a file", "cli kill", PLAYS, lambda t: [*_signal_args(), "--json"],
+         code=-9, notes="the JSON-lines transcript is whole up to the last answer", meta={"answers": 2}),
     # library
     Case("RGBA frames to adapter.encode", "library", r"frames must be uint8 \(T, H, W, 3\)",
          lambda t: [np.zeros((1, 32, 32, 4), np.uint8)], call=_encode),
@@ -328,6 +364,10 @@ def judge(case: Case, code: int, stdout: str, stderr: str) -> dict:
     if case.expected == PLAYS:
         ok = code == case.exit_code and not traceback and answers >= case.meta.get("answers", 1)
         observed = f"exit {code}, {answers} answer(s)"
+        if case.warns:
+            warning = next((line for line in lines if re.search(case.warns, line)), None)
+            ok = ok and warning is not None
+            observed += f"; {warning[:200] if warning else 'no warning matching the case'}"
     else:
         ok = (code == case.exit_code and not traceback and last.startswith("stream-qa: ")
               and re.search(case.expected, last) is not None)
@@ -339,18 +379,26 @@ def judge(case: Case, code: int, stdout: str, stderr: str) -> dict:
 def run_subprocess(case: Case, tmp: Path, timeout: float = 300) -> dict:
     """The case as a user meets it: its own `stream-qa` process."""
     argv = [sys.executable, "-m", "streaming.cli", *case.build(tmp)]
+    env = {**os.environ, "STREAM_QA_LOG_DIR": str(tmp / "logs")}  # a bug report stays with its case (read as TMP)
+    if case.fault:
+        argv[1:3] = ["-m", "jetson.faults", *map(str, case.fault), "--"]
     start = time.monotonic()
+    if case.where in ("cli signal", "cli kill"):
+        result = (_interrupted if case.where == "cli signal" else _killed)(case, argv, tmp, timeout, env)
+        result["seconds"] = round(time.monotonic() - start, 1)
+        return result
     try:
         if case.where == "cli tty":
             import pty
 
             master, slave = pty.openpty()
-            proc = subprocess.Popen(argv, stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = subprocess.Popen(argv, stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
             os.close(slave)
             out, err = proc.communicate(timeout=timeout)
             os.close(master)
         elif case.where == "cli pipe":  # `| head -1`: read one line, then close the pipe
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    env=env)
             first = proc.stdout.readline()
             proc.stdout.close()
             err = proc.stderr.read()
@@ -358,16 +406,84 @@ def run_subprocess(case: Case, tmp: Path, timeout: float = 300) -> dict:
             out = first
         else:
             done = subprocess.run(argv, input=case.stdin if case.stdin is not None else b"", capture_output=True,
-                                  timeout=timeout, stdin=None)
+                                  timeout=timeout, stdin=None, env=env)
             proc, out, err = done, done.stdout, done.stderr
         code = proc.returncode
     except subprocess.TimeoutExpired:
         proc.kill()
         return {"ok": False, "exit": None, "observed": f"HANG: no exit in {timeout:.0f} s", "answers": 0,
                 "traceback": False, "seconds": round(time.monotonic() - start, 1)}
-    result = judge(case, code, out.decode(errors="replace"), err.decode(errors="replace"))
+    err = err.decode(errors="replace").replace(str(tmp), "TMP")  # before the message is cut to length
+    result = judge(case, code, out.decode(errors="replace"), err)
     result["seconds"] = round(time.monotonic() - start, 1)
     return result
+
+
+def _interrupted(case: Case, argv: list, tmp: Path, timeout: float, env: dict) -> dict:
+    """SIGINT or SIGTERM once the second question is on stdout and its answer has not ended: exit 130, every
+    answer ended before it whole on stdout, nothing after it, the one "stopped" line on stderr."""
+    import signal
+
+    def default_sigint():  # a shell's background job ignores SIGINT, and its children would inherit that
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=default_sigint)
+    seen, questions = [], 0
+    try:
+        while questions < 2:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen.append(line)
+            questions += b"] Q: " in line
+        proc.send_signal(getattr(signal, case.meta["signal"]))
+        rest, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return {"ok": False, "exit": None, "observed": f"HANG: no exit in {timeout:.0f} s after the signal",
+                "answers": 0, "traceback": False}
+    out = b"".join(seen) + rest
+    result = judge(case, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+    text = out.decode(errors="replace")
+    ended = text.count("s to first token")
+    mid = questions == 2 and ended == 1  # the signal came before the second answer ended
+    stopped = "stopped; every answer given so far is above" in err.decode(errors="replace")
+    result["ok"] = result["ok"] and ended >= 1 and stopped
+    result["answers"] = ended
+    result["observed"] = (f"exit {proc.returncode}, {ended} answer(s) whole on stdout, signal "
+                          f"{'mid-answer' if mid else 'between answers'}" + ("" if stopped else ", no 'stopped' line")
+                          + (" [TRACEBACK]" if result["traceback"] else ""))
+    return result
+
+
+def _killed(case: Case, argv: list, tmp: Path, timeout: float, env: dict) -> dict:
+    """`kill -9` once two answers are in the file stdout goes to: every line in it is a whole JSON answer."""
+    path = tmp / "transcript.jsonl"
+    with open(path, "wb") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE, env=env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and path.read_bytes().count(b"\n") < case.meta.get("answers", 1):
+            if proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        proc.kill()
+        err = proc.communicate()[1].decode(errors="replace")
+    data = path.read_bytes()
+    lines = data.decode(errors="replace").splitlines()
+    whole = 0
+    for line in lines:
+        try:
+            whole += "answer" in json.loads(line)
+        except json.JSONDecodeError:
+            break
+    ends = not data or data.endswith(b"\n")
+    intact = whole == len(lines) and ends
+    traceback = "Traceback (most recent call last)" in err
+    ok = proc.returncode == case.exit_code and intact and whole >= case.meta.get("answers", 1) and not traceback
+    return {"ok": ok, "exit": proc.returncode, "answers": whole, "traceback": traceback,
+            "observed": f"exit {proc.returncode}, {whole} of {len(lines)} line(s) whole JSON answers, "
+                        f"{'ends on a line break' if ends else 'a cut last line'}"}
 
 
 def run_library(case: Case, tmp: Path, adapter) -> dict:
@@ -397,7 +513,7 @@ def expected_text(case: Case) -> str:
             (f" ({case.notes})" if case.notes else "")
     if case.where == "library":
         return f"error matching /{case.expected}/"
-    return f"exit 2, one line matching /{case.expected}/"
+    return f"exit {case.exit_code}, one line matching /{case.expected}/"
 
 
 def run(args) -> int:

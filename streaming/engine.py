@@ -7,9 +7,15 @@ The adapter's pure `encode` runs on the ingest thread and its stateful `append_c
 thread, in video order. With `drop_when_full` (live sources: a camera cannot wait) a clip that
 finds the queue full is dropped and counted rather than falling behind. Shutdown is prompt from
 either side: the model thread leaving (end, error, a closed consumer) or `close()` from outside.
+
+Faults in one turn do not end a stream. A clip turn whose prefill raises (the session rolls the
+cache back) is dropped with one warning line and counted in `telemetry.failed`; the same error
+several turns in a row is a bug, not a fault, and ends the run. An out-of-memory error in a
+prefill tightens a bounded cache's budget by a quarter, evicts, and retries the turn a few times.
 """
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +25,7 @@ import numpy as np
 import psutil
 import torch
 
+from .errors import is_user_error
 from .questions import Question, Schedule, references
 
 
@@ -53,6 +60,8 @@ class Telemetry:
     dropped: int = 0
     video_s: float = 0.0
     ingest_s: float = 0.0  # wall time the ingest thread spent decoding and encoding
+    failed: int = 0  # clip turns dropped because their prefill raised
+    oom_retries: int = 0  # prefills retried after an out-of-memory error, with a tighter budget
     started: float = field(default_factory=time.perf_counter)
 
     @property
@@ -66,7 +75,22 @@ _WAKE = object()  # a question arrived: answer it at this turn boundary
 _POLL_S = 0.25  # how often an idle model thread looks for stop and untimed questions
 
 
+def is_out_of_memory(err: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, Python's MemoryError, or the CPU allocator's failure (a RuntimeError)."""
+    if isinstance(err, torch.OutOfMemoryError | MemoryError):
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def _stderr_warning(text: str) -> None:
+    print(f"warning: {text}", file=sys.stderr, flush=True)
+
+
 class TurnEngine:
+    max_oom_retries = 3  # tighter budgets tried for one turn before it is dropped
+    max_failed_in_a_row = 3  # clip turns failing this often in a row is a bug, not a fault: the run ends
+
     def __init__(self, adapter, session, clip_seconds: float = 4.0, queue_size: int = 4,
                  max_new_tokens: int = 16, drop_when_full: bool = False):
         """`drop_when_full`: for live sources (webcam, browser camera, URL, a paced file), drop a clip
@@ -81,6 +105,9 @@ class TurnEngine:
         self.video_t = 0.0  # video time covered by the clips in the cache
         self.resume_at: tuple[int, float] = (0, 0.0)  # (clips already seen, video time): continue a session after them
         self.oracle: Callable[[Question], Callable[[dict], bool]] | None = None  # benchmarks: a recall's right answer
+        self.warn: Callable[[str], None] = _stderr_warning  # one line per fault; a caller may route it elsewhere
+        self._failed_in_a_row = self._oom_attempts = 0
+        self._min_budget: int | None = None
 
     # --- ingest thread --------------------------------------------------------------------------
 
@@ -171,11 +198,12 @@ class TurnEngine:
                 # questions due by the start of this clip go in before it; nothing is asked of an empty cache
                 for q in schedule.due(item.start) if self.telemetry.clips else []:
                     yield self.answer(q, on_token)
-                self.adapter.append_clip(self.session, item.visual, item.index, item.start, item.end)
-                self.video_t = item.end
-                self.telemetry.clips += 1
-                if on_clip:
-                    on_clip(item)
+                appended = self._append_clip(item)
+                self.video_t = item.end  # a dropped clip's time has passed all the same
+                if appended:
+                    self.telemetry.clips += 1
+                    if on_clip:
+                        on_clip(item)
             if self.error is not None:
                 raise self.error
             for q in [] if self.stop.is_set() else schedule.rest():  # asked after the video ended
@@ -183,6 +211,89 @@ class TurnEngine:
         finally:
             self.stop.set()
             thread.join(timeout=5)
+
+    def _append_clip(self, clip: Clip) -> bool:
+        """One clip turn; False when a fault dropped it (the session is as it was before the turn)."""
+        while True:
+            try:
+                self.adapter.append_clip(self.session, clip.visual, clip.index, clip.start, clip.end)
+                self._failed_in_a_row = self._oom_attempts = 0
+                return True
+            except Exception as err:
+                if is_user_error(err):  # the input's fault: the CLI reports it in one line
+                    raise
+                why = self._retry_after(err, f"clip {clip.index}'s prefill")
+                if why is None:
+                    continue
+                self._failed_in_a_row += 1
+                if self._failed_in_a_row >= self.max_failed_in_a_row:
+                    raise  # not a passing fault: every turn fails the same way
+                self.telemetry.failed += 1
+                self.warn(f"clip {clip.index} ({clip.start:.1f}-{clip.end:.1f} s) dropped: {type(err).__name__}: "
+                          f"{_first_line(err)[:160]}{why}; the stream continues ({self.telemetry.failed} dropped)")
+                return False
+
+    def _retry_after(self, err: Exception, where: str) -> str | None:
+        """After an out-of-memory error a bounded cache gets a quarter smaller (never below one clip turn and a
+        question), evicts, and the turn is tried again, `max_oom_retries` times at most: None. Otherwise why
+        not ("" when the error is not out of memory)."""
+        if not is_out_of_memory(err):
+            return ""
+        self._oom_attempts += 1
+        cache = self.session.cache
+        old = list(cache.budgets) if cache.budgets else None
+        new = None if old is None else [max(b * 3 // 4, min(b, self.min_budget())) for b in old]  # never larger
+        if new is None or new == old or self._oom_attempts > self.max_oom_retries:
+            tried, self._oom_attempts = self._oom_attempts - 1, 0
+            return "; out of memory: " + ("a full cache cannot shrink" if old is None else
+                                          f"{tried} tighter budgets did not help" if tried else
+                                          "the budget is at its floor")
+        cache.budgets = new
+        self._shrink()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.telemetry.oom_retries += 1
+        self.warn(f"out of memory in {where} ({_first_line(err)[:120]}); budget {min(old)} -> {min(new)} tokens "
+                  f"per layer, retry {self._oom_attempts} of {self.max_oom_retries}")
+        return None
+
+    def min_budget(self) -> int:
+        """The smallest budget that still holds one clip turn and a question, and that the policy accepts."""
+        if self._min_budget is None:
+            a = self.adapter
+            turn = a.describe().visual_tokens + len(a.text_ids("".join(a.clip_text(1, 0.0)))[0])
+            ask = len(a.text_ids(a.question_text("what is the color of the shape?"))[0])
+            policy = self.session.cache.policy
+            self._min_budget = max(turn + ask, getattr(policy, "window", 0) + getattr(policy, "sinks", 0) + 1)
+        return self._min_budget
+
+    def _shrink(self) -> None:
+        """Evict down to the tightened budgets now. The failed turn's scores were rolled back with it, so a
+        policy that needs scores it no longer has keeps the attention sinks and the most recent tokens."""
+        from inf_mllm.policies import make_policy
+
+        cache = self.session.cache
+        fallback = make_policy("streaming_llm")
+        with torch.inference_mode():
+            for layer, budget in zip(cache.layers, cache.budgets, strict=True):
+                n = layer.get_seq_length() if layer.is_initialized else 0
+                if n <= budget:
+                    continue
+                scores = layer.window_scores  # cleared at each eviction; stale once answer tokens came in
+                fresh = cache.policy.observe != "window" or (scores is not None and scores.shape[-1] == n)
+                layer.evict(cache.policy if fresh else fallback, budget)
+
+    def _ask(self, question: Question, extra: dict):
+        """The question's prefill, retried with a tighter budget after an out-of-memory error."""
+        while True:
+            try:
+                iterator = self.adapter.ask(self.session, question.text, self.max_new_tokens, **extra)
+                self._oom_attempts = 0
+                return iterator
+            except Exception as err:
+                where = f"the prefill of question {question.text[:40]!r}"
+                if is_user_error(err) or self._retry_after(err, where) is not None:
+                    raise  # an answer that cannot be given ends the run: it is not dropped silently
 
     def answer(self, question: Question, on_token=None) -> Answer:
         if on_token:
@@ -192,7 +303,7 @@ class TurnEngine:
         extra = {"named": references(question.text)} if self.session.recall is not None else {}
         if self.oracle:
             extra["oracle"] = self.oracle(question)
-        for piece in self.adapter.ask(self.session, question.text, self.max_new_tokens, **extra):
+        for piece in self._ask(question, extra):
             if first is None:
                 first = time.perf_counter()
             pieces.append(piece)
@@ -208,3 +319,8 @@ class TurnEngine:
             kv_mb=self.session.kv_bytes / 2**20, rss_mb=psutil.Process().memory_info().rss / 2**20,
             recalled=[{k: meta[k] for k in ("clip", "start", "end") if k in meta}
                       for _, meta in self.session.last_recalled])
+
+
+def _first_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else type(err).__name__

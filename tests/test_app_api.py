@@ -78,6 +78,18 @@ def test_question_streams_its_answer_stamped_with_video_time(url):
     assert rows[0]["answer"] and rows[0]["answer"] in final
 
 
+def test_recall_policy_answers_about_an_evicted_clip_and_says_so(url):
+    """With inf_mllm+recall, a question naming clip 1 after it left the 64-token cache links it back;
+    the chat names the recalled clip and its video times, and so does the transcript."""
+    c = client(url)
+    assert "inf_mllm+recall" in start(c, policy="inf_mllm+recall")
+    wait_for(c, 8.0)
+    states, transcript = ask(c, "In clip 1, what is the color of the shape?")
+    assert "recalled clip 1 (0–2 s)" in states[-1]
+    row = [json.loads(line) for line in open(transcript)][-1]
+    assert row["recalled"] == [{"clip": 1, "start": 0.0, "end": 2.0}]
+
+
 def test_memory_stays_under_budget_while_the_full_cache_climbs(url):
     bounded, full = client(url), client(url)
     start(bounded)

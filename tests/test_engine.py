@@ -149,3 +149,118 @@ def test_live_question_is_answered_between_clips_without_waiting_for_the_next(vl
     (answer, waited), = answers
     assert answer.question == "what shape is it?" and answer.video_t == pytest.approx(2.0)
     assert waited < 1.5  # the next clip (2 s of real time later) was not waited for
+
+
+# --- faults inside a turn: the real tiny-vlm made to fail halfway through a clip's prefill (jetson.faults) ---
+
+
+@pytest.fixture(scope="module")
+def small_video(tmp_path_factory):
+    """4 s of a real 64x64 video: four 1-s clip turns."""
+    from jetson.reliability import write_video
+
+    return write_video(tmp_path_factory.mktemp("faults") / "v.mp4", 64, 64, frames=8, fps=2.0)
+
+
+def run_with_fault(vlm, video, kind, at, times=1, policy="inf_mllm", budget=96):
+    from jetson.faults import inject
+
+    session = vlm.new_session(policy, budget=budget)
+    engine = TurnEngine(vlm, session, clip_seconds=1.0, max_new_tokens=2)
+    warnings, states = [], {}
+    engine.warn = lambda text: warnings.append((text, session.kv_tokens, session.seen, session.turns))
+    schedule = Schedule([Question("what color is the shape?", 1.0), Question("what color is the shape?", 3.0)])
+
+    def on_clip(clip):
+        states[clip.index] = (session.kv_tokens, session.seen, session.turns)
+
+    with inject(vlm, kind, at, times) as fault:
+        answers = list(engine.run(FileSource(video, fps=1.0), schedule, on_clip=on_clip))
+    return engine, session, answers, warnings, states, fault
+
+
+def test_an_exception_in_one_clip_prefill_drops_that_turn_and_the_stream_goes_on(vlm, small_video):
+    """The fault is raised inside the forward (half the layers have written K/V): the session is rolled
+    back to what it was after clip 2, one warning names the clip, and clips 3-4 and both answers follow."""
+    engine, session, answers, warnings, states, fault = run_with_fault(vlm, small_video, "error", 3)
+    assert fault["raised"] == 1 and engine.telemetry.failed == 1 and engine.telemetry.clips == 3
+    (text, *state), = warnings
+    assert text.startswith("clip 3 (2.0-3.0 s) dropped: InjectedFault") and "the stream continues" in text
+    assert tuple(state) == states[2]  # nothing of the failed turn is left in the cache or the counters
+    assert sorted(states) == [1, 2, 4] and len(answers) == 2 and all(a.answer for a in answers)
+    assert session.turns == 1 + 3 + 2
+
+
+def test_simulated_oom_in_a_prefill_tightens_the_budget_and_retries_the_turn(vlm, small_video):
+    """Two simulated out-of-memory errors in clip 2: 96 -> 72 -> 65 (the floor: one turn and a question), the
+    third attempt goes in, every retry is one warning line, nothing is dropped."""
+    engine, session, answers, warnings, states, fault = run_with_fault(vlm, small_video, "oom", 2, times=2)
+    floor = engine.min_budget()
+    assert fault["raised"] == 2 and engine.telemetry.oom_retries == 2 and engine.telemetry.failed == 0
+    assert [w[0].split("); ")[1] for w in warnings] == ["budget 96 -> 72 tokens per layer, retry 1 of 3",
+                                                        f"budget 72 -> {max(54, floor)} tokens per layer, retry 2 of 3"]
+    assert all("(simulated)" in w[0] for w in warnings)
+    assert min(session.cache.budgets) == max(54, floor) and session.kv_tokens <= max(54, floor)
+    assert sorted(states) == [1, 2, 3, 4] and len(answers) == 2 and all(a.answer for a in answers)
+
+
+def test_simulated_oom_that_persists_drops_the_turn_after_three_retries(vlm, small_video):
+    engine, session, answers, warnings, states, fault = run_with_fault(vlm, small_video, "oom", 2, times=4,
+                                                                       budget=256)
+    assert engine.telemetry.oom_retries == 3 and engine.telemetry.failed == 1 and sorted(states) == [1, 3, 4]
+    assert "3 tighter budgets did not help" in warnings[-1][0] and min(session.cache.budgets) == 256 * 27 // 64
+    assert len(answers) == 2
+
+
+def test_simulated_oom_with_a_full_cache_drops_the_turn(vlm, small_video):
+    engine, session, answers, warnings, states, fault = run_with_fault(vlm, small_video, "oom", 2, policy="full",
+                                                                       budget=None)
+    (text, *_), = warnings
+    assert "clip 2 (1.0-2.0 s) dropped: OutOfMemoryError" in text and "a full cache cannot shrink" in text
+    assert engine.telemetry.failed == 1 and engine.telemetry.oom_retries == 0 and sorted(states) == [1, 3, 4]
+    assert session.cache.budgets is None and len(answers) == 2
+
+
+def test_the_same_fault_in_every_turn_is_a_bug_and_ends_the_run(vlm, small_video):
+    """Three clip turns failing in a row is no passing fault: the error reaches the caller (stream-qa: exit 1)."""
+    from jetson.faults import InjectedFault
+
+    with pytest.raises(InjectedFault):
+        run_with_fault(vlm, small_video, "bug", 2)
+
+
+def test_interrupts_and_user_errors_in_a_prefill_are_not_swallowed(vlm, small_video, monkeypatch):
+    from streaming.errors import ConfigError
+
+    for error in (KeyboardInterrupt(), ConfigError("bad budget")):
+        def fail(*args, error=error, **kwargs):
+            raise error
+
+        monkeypatch.setattr(vlm, "append_clip", fail)
+        engine = TurnEngine(vlm, vlm.new_session("inf_mllm", budget=96), clip_seconds=1.0)
+        with pytest.raises(type(error)):
+            list(engine.run(FileSource(small_video, fps=1.0), Schedule([])))
+        assert engine.telemetry.failed == 0
+
+
+def test_simulated_oom_in_a_question_prefill_is_retried(vlm, small_video, monkeypatch):
+    """The question's turn fails once with a simulated out-of-memory error: tighter budget, asked again, answered."""
+    import torch
+
+    real, calls = vlm.ask, []
+
+    def ask(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(vlm, "ask", ask)
+    session = vlm.new_session("inf_mllm", budget=96)
+    engine = TurnEngine(vlm, session, clip_seconds=1.0, max_new_tokens=2)
+    warnings = []
+    engine.warn = warnings.append
+    answers = list(engine.run(FileSource(small_video, fps=1.0), Schedule([Question("what color is it?", 2.0)])))
+    assert len(calls) == 2 and len(answers) == 1 and answers[0].answer
+    assert engine.telemetry.oom_retries == 1 and "question 'what color is it?'" in warnings[0]
+    assert min(session.cache.budgets) == 72

@@ -222,6 +222,7 @@ def test_a_turn_that_fails_midway_leaves_the_session_as_it_was(smol):
 # --- tiny-vlm and stream-qa ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stream_qa_answers_from_a_recalled_clip_after_kill_9_and_resume(tmp_path):
     """A session over the bundled clip (looped) is killed mid-stream; --resume rebuilds the cache from
     the store and answers a question about clip 1 by recalling it. The transcript is whole."""

@@ -1,6 +1,8 @@
 """The reliability table (jetson/reliability.py), run in-process with one shared tiny-vlm: every bad input
-ends in one clear stderr line and exit 2, every odd-but-valid input plays, and the faults of the
-terminal and the pipe (own processes) end cleanly. Plus: a bug is told apart from bad input."""
+ends in one clear stderr line and exit 2, every odd-but-valid input plays, faults inside the model's
+prefill (injected, out of memory simulated) cost one turn at most, and the faults of the terminal, the
+pipe and signals (SIGINT/SIGTERM mid-answer, kill -9; own processes) end cleanly with every answer kept.
+Plus: a bug is told apart from bad input."""
 
 import json
 import subprocess
@@ -12,11 +14,12 @@ from jetson.reliability import CASES, PLAYS, judge, run_library, run_subprocess
 from streaming.cli import main
 
 BY_NAME = {c.name: c for c in CASES}
-OWN_PROCESS = {"cli tty", "cli pipe", "cli stdin"}
+OWN_PROCESS = {"cli tty", "cli pipe", "cli stdin", "cli signal", "cli kill"}
 IN_PROCESS = [c.name for c in CASES if c.where == "cli"]
 # stdin cases are their own processes; "non-UTF-8 on stdin" is already in test_stream_qa
 SUBPROCESS = [c.name for c in CASES if c.where in OWN_PROCESS and c.name != "non-UTF-8 on stdin"]
 LIBRARY = [c.name for c in CASES if c.where == "library"]
+FAULTS = [c.name for c in CASES if c.where == "cli fault"]
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +62,21 @@ def test_cli_case(name, tmp_path, capsys, shared_model):
     if case.expected == PLAYS:
         rows = [json.loads(line) for line in captured.out.splitlines()]
         assert all(r["answer"] for r in rows)
+
+
+@pytest.mark.parametrize("name", FAULTS)
+def test_fault_case(name, tmp_path, capsys, shared_model, monkeypatch):
+    """A fault inside the real tiny-vlm's prefill (jetson.faults), through stream-qa in this process; the
+    table runs the same case as `python -m jetson.faults … -- ARGS`, its own process."""
+    from jetson.faults import inject
+
+    case = BY_NAME[name]
+    monkeypatch.setenv("STREAM_QA_LOG_DIR", str(tmp_path / "logs"))
+    with inject(shared_model, *case.fault):
+        code = main(case.build(tmp_path))
+    captured = capsys.readouterr()
+    result = judge(case, code, captured.out, captured.err)
+    assert result["ok"], (result, captured.err[-2000:])
 
 
 @pytest.mark.parametrize("name", SUBPROCESS)

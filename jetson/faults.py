@@ -1,0 +1,84 @@
+"""Fault injection: the real model made to fail inside a chosen clip turn's prefill.
+
+A fault is raised from a decoder layer halfway through the forward pass, so the layers before it have
+already written their keys and values: what the session must roll back is really there. Kinds:
+`error` (a RuntimeError, once), `oom` (a simulated `torch.OutOfMemoryError`, on `times` attempts in a
+row: each retry is an attempt), and `bug` (a RuntimeError on every clip from the chosen one on).
+
+`python -m jetson.faults KIND AT [TIMES] -- STREAM-QA ARGS` runs `stream-qa` with the fault in place
+(the reliability table does this, one process per case).
+"""
+
+import sys
+from contextlib import contextmanager
+
+KINDS = ("error", "oom", "bug")
+
+
+class InjectedFault(RuntimeError):
+    """Raised where a real prefill would fail; not a user error, so it is treated as a fault."""
+
+
+@contextmanager
+def inject(adapter, kind: str, at: int, times: int = 1):
+    """Fail the `at`-th call of `adapter.append_clip` (1-based) and, for `oom`, the next `times - 1` calls."""
+    import torch
+
+    if kind not in KINDS:
+        raise ValueError(f"fault kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    layers = adapter.model.model.layers
+    state = {"calls": 0, "armed": False, "raised": 0}
+
+    def fail_here(module, args):
+        if state["armed"]:
+            state["armed"] = False
+            state["raised"] += 1
+            if kind == "oom":
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+            raise InjectedFault(f"injected fault in clip turn {state['calls']}'s prefill")
+
+    real = adapter.append_clip
+
+    def append_clip(*args, **kwargs):
+        state["calls"] += 1
+        n = state["calls"]
+        state["armed"] = n >= at if kind == "bug" else at <= n < at + (times if kind == "oom" else 1)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            state["armed"] = False
+
+    hook = layers[len(layers) // 2].register_forward_pre_hook(fail_here)
+    adapter.append_clip = append_clip  # the instance attribute shadows the method
+    try:
+        yield state
+    finally:
+        hook.remove()
+        del adapter.append_clip
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv or len(argv[:argv.index("--")]) not in (2, 3):
+        print("usage: python -m jetson.faults error|oom|bug AT [TIMES] -- STREAM-QA ARGS", file=sys.stderr)
+        return 2
+    head, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    kind, at, times = head[0], int(head[1]), int(head[2]) if len(head) == 3 else 1
+    import models
+    from streaming.cli import main as stream_qa
+
+    real = models.load_adapter
+    faults = []
+
+    def load(name, path=None, device="cpu"):
+        adapter = real(name, path, device=device)
+        faults.append(inject(adapter, kind, at, times))
+        faults[-1].__enter__()
+        return adapter
+
+    models.load_adapter = load
+    return stream_qa(rest)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
