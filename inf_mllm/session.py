@@ -5,6 +5,7 @@ turn boundary; `generate` streams an answer token by token without evicting (exc
 that evict while decoding). The answer's last token is held back and prefixed to the next turn.
 """
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -165,10 +166,8 @@ class StreamSession:
         ids, _ = self._with_pending(probe_ids.to(self.device), None)
         self.cache.probe_layers = layers[-1] + 1
         try:
-            try:
+            with contextlib.suppress(ProbeDone):  # raised once the last scoring layer has run
                 self.model(input_ids=ids, past_key_values=self.cache, use_cache=True)
-            except ProbeDone:
-                pass
             keys = []
             for i in layers:
                 n = marks[i][0]

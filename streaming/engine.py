@@ -14,6 +14,7 @@ several turns in a row is a bug, not a fault, and ends the run. An out-of-memory
 prefill tightens a bounded cache's budget by a quarter, evicts, and retries the turn a few times.
 """
 
+import contextlib
 import queue
 import sys
 import threading
@@ -171,10 +172,9 @@ class TurnEngine:
 
     def wake(self) -> None:
         """A question was added to the schedule: answer it at the next turn boundary, not the next clip."""
-        try:
+        # a full queue needs no wake: the model thread looks at the schedule before each waiting clip
+        with contextlib.suppress(queue.Full):
             self.clips.put_nowait(_WAKE)
-        except queue.Full:  # the model thread has clips waiting and looks at the schedule before each
-            pass
 
     # --- model thread ---------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ A question at video time t is answered once every clip up to t has gone in; a qu
 time is answered at the next turn boundary.
 """
 
+import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +37,8 @@ def references(text: str):
     clips = {int(n) for n in _CLIP_REF.findall(text)}
     times = []
     for t in _TIME_REF.findall(text):
-        try:
+        with contextlib.suppress(QuestionError):  # not a time after all: nothing named
             times.append(parse_time(t.replace(" ", "")))
-        except QuestionError:
-            pass
     if not clips and not times:
         return None
     return lambda meta: meta.get("clip") in clips or any(

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from app_server import ARTEFACTS, CHROMIUM, CHROMIUM_ARGS, running_app
 
+from app.measure import messages, wait  # polling and chat reading shared with the page measurements
+
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no /usr/bin/chromium")]
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
@@ -63,20 +65,6 @@ def settled(page, quiet=2.0, timeout=30) -> dict:
             return now
         last = now
     raise AssertionError(f"the numbers kept changing for {timeout} s")
-
-
-def wait(check, timeout=60, every=0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s")
-
-
-def messages(page) -> list[str]:
-    return [m.inner_text() for m in page.query_selector_all("#chat .message")]
 
 
 def send(page, question, expect=r"s to first token|⚠", timeout=60) -> str:
