@@ -21,7 +21,7 @@ from .sources import bundled_clip, open_source
 
 DEFAULT_QUESTIONS = ("what is the color of the shape? @4s", "In clip 1, is there a circle? @8s",
                      "what shape is in the image? @10s")
-EXIT_BAD_INPUT, EXIT_INTERRUPTED = 2, 130
+EXIT_BAD_INPUT, EXIT_SOAK_FAILED, EXIT_INTERRUPTED = 2, 3, 130
 
 
 class UsageError(ConfigError):
@@ -53,6 +53,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--max-new-tokens", type=int, default=16)
     m.add_argument("--device", default="cpu")
     p.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    k = p.add_argument_group("memory soak")
+    k.add_argument("--soak", metavar="ROUNDS|TIME",
+                   help="loop the source for N clip turns (10000) or a wall-clock time (30m, 2h), asking --question "
+                        "every --every of video (default: every 10 clips), sampling memory; ends with a verdict "
+                        "(exit 0 PASS, 3 FAIL)")
+    k.add_argument("--soak-log", default="soak.jsonl", metavar="FILE",
+                   help="memory samples as JSON lines, flushed one by one (default soak.jsonl)")
+    k.add_argument("--soak-sample", type=float, default=5.0, metavar="S", help="seconds between samples (default 5)")
     r = p.add_argument_group("sessions that survive a restart")
     r.add_argument("--session", metavar="DIR", help="keep settings, clip store and transcript in DIR (implies +recall)")
     r.add_argument("--resume", metavar="DIR", help="continue the session in DIR after its last stored clip")
@@ -235,10 +243,15 @@ def _run(args, out) -> int:
         raise UsageError("--model takes a name and at most one path")
     default_run = args.video is None and args.webcam is None and args.url is None
     video = bundled_clip() if default_run else args.video
-    source = open_source(video, args.webcam, args.url, fps=args.fps, realtime=not args.fast, loops=args.loop)
+    soak = soak_plan(args)
+    loops = 10**9 if soak else args.loop  # a soak loops a file until its rounds or time are up
+    source = open_source(video, args.webcam, args.url, fps=args.fps, realtime=not args.fast, loops=loops)
     duration = getattr(source, "duration", None)
-    qs, use_stdin = questions_from(args, duration * args.loop if duration else None)
-    check_times(qs, duration * args.loop if duration else None)
+    if soak:
+        qs, use_stdin = [], False
+    else:
+        qs, use_stdin = questions_from(args, duration * args.loop if duration else None)
+        check_times(qs, duration * args.loop if duration else None)
 
     from inf_mllm import POLICIES
     from inf_mllm.recall import parse_policy
@@ -268,7 +281,10 @@ def _run(args, out) -> int:
               file=sys.stderr)
     elif folder is not None:
         folder.save_settings({k: getattr(args, k) for k in SESSION_SETTINGS} | {"video": str(video) if video else None})
-    schedule = StdinQuestions(Schedule(qs)) if use_stdin else Schedule(qs)
+    if soak:
+        schedule = soak_schedule(args)
+    else:
+        schedule = StdinQuestions(Schedule(qs)) if use_stdin else Schedule(qs)
     engine = TurnEngine(adapter, session, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
                         drop_when_full=getattr(source, "live", False))  # a camera or a paced file cannot wait
     engine.resume_at, engine.video_t = resume_at, resume_at[1]
@@ -285,23 +301,84 @@ def _run(args, out) -> int:
         out.write(f"[{engine.video_t:7.1f}s] Q: {question.text}\n{'':11}A: " if piece is None else piece)
         out.flush()
 
+    def on_answer(answer):
+        if folder is not None:
+            folder.write_answer(answer.as_dict())
+        if args.json:
+            out.write(json.dumps(answer.as_dict()) + "\n")
+        else:
+            seen = "".join(f", recalled clip {c['clip']} ({c['start']:.0f}-{c['end']:.0f} s)" for c in answer.recalled)
+            out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens{seen})\n")
+        out.flush()
+
     try:
+        if soak:
+            return run_soak_cli(args, soak, engine, session, source, schedule, on_answer, on_token, out)
         for answer in engine.run(source, schedule, on_clip, on_token):
-            if folder is not None:
-                folder.write_answer(answer.as_dict())
-            if args.json:
-                out.write(json.dumps(answer.as_dict()) + "\n")
-            else:
-                seen = "".join(f", recalled clip {c['clip']} ({c['start']:.0f}-{c['end']:.0f} s)"
-                               for c in answer.recalled)
-                out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens{seen})\n")
-            out.flush()
+            on_answer(answer)
     finally:
         if isinstance(schedule, StdinQuestions):
             schedule.close()
         if folder is not None:
             folder.close()
     return 0
+
+
+def soak_plan(args) -> tuple[int | None, float | None] | None:
+    """--soak: (rounds, seconds), checked before torch loads; None without --soak."""
+    if args.soak is None:
+        return None
+    from .soak import parse_soak
+
+    if args.ask or args.questions:
+        raise UsageError("--soak asks --question every --every of video; --ask and --questions do not apply")
+    if not (args.soak_sample >= 0 and args.soak_sample < float("inf")):
+        raise UsageError(f"--soak-sample must be a number of seconds ≥ 0, got {args.soak_sample}")
+    return parse_soak(args.soak)
+
+
+def soak_schedule(args):
+    """A question every --every of video (default every 10 clips), generated as the video runs."""
+    from .questions import parse_time
+    from .soak import QUESTION, EveryKRounds
+
+    step = parse_time(args.every) if args.every else 10 * args.clip_seconds
+    if not step > 0:
+        raise UsageError(f"--every must be a positive time, got {args.every!r}")
+    return EveryKRounds(max(1, round(step / args.clip_seconds)), args.clip_seconds, args.question or QUESTION)
+
+
+def run_soak_cli(args, soak, engine, session, source, schedule, on_answer, on_token, out) -> int:
+    """The soak under `stream-qa`: answers as usual on stdout, a progress bar on stderr, samples in
+    --soak-log, then the verdict (text, or one JSON object with --json)."""
+    from argparse import Namespace
+
+    from tqdm import tqdm
+
+    from .soak import describe, run_soak, verdict
+
+    rounds, seconds = soak
+    bar = tqdm(total=rounds, unit="round", desc="soak", file=sys.stderr, disable=None,
+               postfix={"kv": session.kv_tokens})
+    print(f"stream-qa: soak of {rounds or f'{seconds:.0f} s'}{' rounds' if rounds else ''}; memory samples in "
+          f"{args.soak_log}", file=sys.stderr)
+
+    def on_clip(clip):
+        bar.update(clip.index - bar.n)
+        bar.set_postfix(kv=session.kv_tokens, refresh=False)
+
+    with open(args.soak_log, "w") as log:
+        run = run_soak(engine, session, source, schedule, log, rounds=rounds, duration_s=seconds,
+                       sample_s=args.soak_sample, device=args.device, label=args.policy, on_answer=on_answer,
+                       on_token=on_token, on_clip=on_clip)
+    bar.close()
+    v = verdict(run, Namespace(warmup=0.2, max_new_tokens=args.max_new_tokens))
+    out.write(json.dumps({"soak_verdict": v}) + "\n" if args.json else describe(v) + "\n")
+    out.flush()
+    if run["stopped"] == "interrupted":
+        print("stream-qa: soak stopped; the verdict covers the rounds run", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0 if v["passed"] else EXIT_SOAK_FAILED
 
 
 if __name__ == "__main__":

@@ -10,3 +10,12 @@ def smol():
     from inf_mllm import load_model
 
     return load_model()
+
+
+@pytest.fixture(scope="session")
+def vlm():
+    """The real tiny-vlm (EfficientNet-Lite0 + SmolLM2-135M with its committed projector and LoRA), loaded
+    once for every test module: sessions made from it share only the weights."""
+    from models.tiny_vlm.model import TinyVLM
+
+    return TinyVLM()

@@ -14,13 +14,6 @@ from streaming.questions import Question, Schedule
 from streaming.sources import FileSource, bundled_clip
 
 
-@pytest.fixture(scope="module")
-def vlm():
-    from models.tiny_vlm.model import TinyVLM
-
-    return TinyVLM()
-
-
 def ingest_threads():
     return [t for t in threading.enumerate() if t.name == "ingest" and t.is_alive()]
 

@@ -17,9 +17,10 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
-from jetson.soak import EveryKRounds, linear_fit, records, soak_one, verdict
+from jetson.soak import records, soak_one
 from jetson.tegrastats import Tegrastats, parse_nvpmodel, parse_tegrastats
 from streaming.memory import MARGINS, MB, MemorySample, auto_budget, budget_tokens, parse_meminfo, probe
+from streaming.soak import EveryKRounds, linear_fit, verdict
 
 # /proc/meminfo of a Jetson TX2 8 GB (L4T 32.7, JetPack 4.6.2), as published in a set-up note
 RECORDED_MEMINFO_TX2 = """MemTotal:        8038788 kB
@@ -189,13 +190,6 @@ def test_every_k_rounds_releases_questions_as_the_video_reaches_them():
     s = EveryKRounds(3, 2.0)
     assert s.due(5.9) == [] and len(s.due(6.0)) == 1 and len(s.due(18.0)) == 2 and s.rest() == []
     assert s.released == 3
-
-
-@pytest.fixture(scope="module")
-def vlm():
-    from models.tiny_vlm.model import TinyVLM
-
-    return TinyVLM()
 
 
 def test_soak_stays_within_budget_and_keeps_every_sample(vlm, tmp_path):

@@ -22,13 +22,6 @@ LIBRARY = [c.name for c in CASES if c.where == "library"]
 FAULTS = [c.name for c in CASES if c.where == "cli fault"]
 
 
-@pytest.fixture(scope="module")
-def vlm():
-    from models.tiny_vlm.model import TinyVLM
-
-    return TinyVLM()
-
-
 @pytest.fixture
 def shared_model(vlm, monkeypatch):
     """stream-qa loads its model through `models.load_adapter`; here every tiny-vlm case gets the one real

@@ -23,13 +23,6 @@ def run_cli(*args, stdin=None, timeout=300):
                           stdin=subprocess.DEVNULL if stdin is None else None, input=stdin)
 
 
-@pytest.fixture(scope="module")
-def vlm():
-    from models.tiny_vlm.model import TinyVLM
-
-    return TinyVLM()
-
-
 def test_engine_answers_between_clips_with_a_bounded_cache(vlm):
     from streaming.engine import TurnEngine
 
@@ -92,12 +85,15 @@ def _bad(tmp_path):
         "malformed question file": ([clip, "--questions", str(malformed)], "malformed.txt:2"),
         "non-UTF-8 question file": ([clip, "--questions", str(latin)], "not UTF-8"),
         "missing 7B checkpoint": ([clip, "--model", "chat-univi", str(tmp_path / "no-such-ckpt")], ""),
+        "unreadable soak length": ([clip, "--soak", "soon"], "--soak: cannot read 'soon'"),
+        "soak of one round": ([clip, "--soak", "1"], "at least 2 rounds"),
+        "soak with its own questions": ([clip, "--soak", "100", "--ask", "what?"], "--ask and --questions do not"),
     }
 
 
 BAD = ["missing file", "not a video", "zero-frame video", "truncated video", "unopenable webcam", "unknown policy",
        "unknown model", "budget too small", "malformed question file", "non-UTF-8 question file",
-       "missing 7B checkpoint"]
+       "missing 7B checkpoint", "unreadable soak length", "soak of one round", "soak with its own questions"]
 
 
 @pytest.mark.parametrize("case", BAD)
@@ -110,6 +106,25 @@ def test_bad_input_gives_one_line_and_nonzero_exit(case, tmp_path, capsys):
     import re
 
     assert re.search(message, err[-1]), err[-1]
+
+
+def test_soak_loops_the_video_samples_memory_and_ends_with_a_verdict(vlm, tmp_path, capsys, monkeypatch):
+    """`stream-qa --soak 25`: the 10 s clip loops past its end, a question every 5 s of video, one flushed
+    memory sample per round in --soak-log, answers on stdout, then the verdict as the last JSON line."""
+    import models
+
+    monkeypatch.setattr(models, "load_adapter", lambda name, path=None, device="cpu": vlm)
+    log = tmp_path / "soak.jsonl"
+    code = main([str(bundled_clip("bikes.mp4")), "--soak", "25", "--fast", "--clip-seconds", "1", "--budget", "128",
+                 "--every", "5s", "--max-new-tokens", "2", "--json", "--soak-log", str(log), "--soak-sample", "0"])
+    *answers, last = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    v = last["soak_verdict"]
+    assert v["rounds"] == 25 and v["answers"] == v["expected_answers"] == 4 == len(answers)
+    assert all(a["question"] == "what is the color of the shape?" and a["answer"] for a in answers)
+    assert v["kv_within_bound"] and v["kv_peak_tokens"] > 64 and not v["oom_events"]
+    rounds = [json.loads(line)["round"] for line in log.read_text().splitlines()]
+    assert rounds[:25] == list(range(1, 26))
+    assert code == (0 if v["passed"] else 3)
 
 
 def test_non_utf8_stdin_is_reported():
