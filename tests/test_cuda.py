@@ -1,0 +1,45 @@
+"""The CUDA path on a GPU: a bounded session on the GPU keeps the same tokens and logits as on the CPU.
+
+The real SmolLM2 weights are not needed for this equivalence (and cannot travel to the GPU machine this
+project borrows), so the model here is a randomly initialised small Llama with SmolLM2's head layout
+(9 query heads, 3 KV heads): said in the test name. Skipped where no GPU is present.
+"""
+
+import pytest
+import torch
+
+from inf_mllm import StreamSession
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the Triton scoring path)")]
+
+
+def random_small_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from inf_mllm.attention import ATTN_IMPLEMENTATION, use_observing_attention
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1000, hidden_size=144, intermediate_size=384, num_hidden_layers=4,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048,
+                         attn_implementation=ATTN_IMPLEMENTATION)
+    model = LlamaForCausalLM(config).eval()
+    use_observing_attention(model)
+    return model
+
+
+@pytest.mark.parametrize("policy", ["inf_mllm", "inf_mllm_plus", "h2o", "streaming_llm"])
+def test_random_small_llama_on_cuda_keeps_the_cpu_tokens_and_logits(policy):
+    torch.backends.cuda.matmul.allow_tf32 = False  # compare fp32 with fp32
+    cpu_model = random_small_llama()
+    gpu_model = random_small_llama().cuda()
+    ids = torch.randint(0, 1000, (1, 400))
+    kwargs = {"window": 16} if policy.startswith("inf_mllm") else {}
+    cpu = StreamSession(cpu_model, None, policy, budget=128, **kwargs)
+    gpu = StreamSession(gpu_model, None, policy, budget=128, **kwargs)
+    for start in range(0, 400, 50):
+        want = cpu.append(ids[:, start:start + 50])
+        got = gpu.append(ids[:, start:start + 50].cuda())
+        assert (got.cpu() - want).abs().max() <= 2e-3, (policy, start)
+    assert gpu.kv_tokens == cpu.kv_tokens <= 128
+    assert gpu.cache.layers[2].keys.is_cuda and gpu.cache.layers[2].keys.shape == cpu.cache.layers[2].keys.shape
