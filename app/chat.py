@@ -10,7 +10,7 @@ import re
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import psutil
 import torch
@@ -52,10 +52,14 @@ class Settings:
         return int(m.group(1)) if m.group(1) else f"{m.group(2)}{m.group(3).upper()}"
 
     def policy_kwargs(self) -> dict:
-        base = self.policy.removesuffix("+recall")  # recall: evicted clips come back when a question names them
-        if base not in POLICIES:
-            raise BadInput(f"unknown policy {self.policy!r}; available: {', '.join(POLICIES)} (or inf_mllm+recall)")
-        names = {f.name for f in fields(POLICIES[base])}
+        from inf_mllm.policies import policy_options
+        from inf_mllm.recall import parse_policy
+
+        try:  # recall: evicted clips come back when a question names them
+            names = policy_options(parse_policy(self.policy)[0])
+        except (KeyError, ValueError):
+            raise BadInput(f"unknown policy {self.policy!r}; available: {', '.join(POLICIES)}, their combinations "
+                           "(python -m inf_mllm policies), each may end in +recall") from None
         return {k: v for k, v in (("bias", self.bias), ("window", self.window)) if v is not None and k in names}
 
     def describe(self) -> str:

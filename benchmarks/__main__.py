@@ -1,10 +1,11 @@
-"""`python -m benchmarks NAME [--quick] [--out DIR]`: stream_ppl, retrieval, latency, tiny_vlm."""
+"""`python -m benchmarks NAME [--quick] [--out DIR]`: stream_ppl, retrieval, latency, tiny_vlm, video_qa, and
+arena (every policy on stream_ppl, retrieval and video_qa at the same budgets)."""
 
 import argparse
 import importlib
 import sys
 
-NAMES = ("stream_ppl", "retrieval", "latency", "tiny_vlm", "video_qa")
+NAMES = ("stream_ppl", "retrieval", "latency", "tiny_vlm", "video_qa", "arena", "real_scenes")
 
 
 def main(argv=None) -> int:
@@ -14,9 +15,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="benchmarks/results", help="output folder (default: benchmarks/results)")
     parser.add_argument("--policies", nargs="*", help="subset of policies to run")
     parser.add_argument("--tokens", type=int, help="override the streamed length (tiny_vlm: questions per setting)")
-    parser.add_argument("--budgets", type=int, nargs="*", help="override the budgets (stream_ppl, retrieval)")
+    parser.add_argument("--budgets", type=int, nargs="*",
+                        help="override the budgets (stream_ppl, retrieval, arena; video_qa: the first)")
     parser.add_argument("--resume", action="store_true",
-                        help="stream_ppl: continue the run stopped in --out (checkpoints every 64K tokens)")
+                        help="stream_ppl: continue the run stopped in --out (checkpoints every 64K tokens); "
+                             "arena: skip the runs already in --out/arena.json")
     args = parser.parse_args(argv)
     module = importlib.import_module(f"benchmarks.{args.name}")
     try:

@@ -5,14 +5,12 @@ first token (prefill + eviction), decode ms per token, the share of the round sp
 evicting, KV MB and process RSS. Medians over the rounds; the full cache stops at the model's context.
 """
 
-import time
-
 import torch
 from tqdm import tqdm
 
 from inf_mllm import StreamSession, load_model
 
-from .common import median, policy_configs, print_table, record, rss_mb, write
+from .common import RoundTimer, clip_to_context, median, plans, print_table, record, rss_mb, tokens_per_s, write
 from .corpus import token_stream
 
 FEED = 512
@@ -25,20 +23,16 @@ def measure(session, ids, pos, rounds):
     ttft, decode, share, tps = [], [], [], []
     for r in range(rounds):
         q = ids[pos + r * QUESTION: pos + (r + 1) * QUESTION][None]
-        session.cache.pop_score_time()
-        t0 = time.perf_counter()
+        timer = RoundTimer(session)
         session.append(q)
-        score_1, probe_1 = session.cache.pop_score_time()
-        first = time.perf_counter() - t0 - probe_1
+        ttft.append(timer.turn())
         tokens = list(session.generate(ANSWER, eos_token_id=[]))
-        score_2, probe_2 = session.cache.pop_score_time()
-        round_s = time.perf_counter() - t0 - probe_1 - probe_2
+        round_s = timer.lap()
         session.discard_pending()
-        decode_s = session.last.decode_s - probe_2
-        ttft.append(first)
-        decode.append(decode_s / (len(tokens) - 1) * 1e3)
-        tps.append((len(tokens) - 1) / decode_s)
-        share.append((session.last.evict_s + score_1 + score_2) / round_s)
+        speed = tokens_per_s(len(tokens), session.last.decode_s - timer.lap_probe_s)
+        tps.append(speed)
+        decode.append(1e3 / speed if speed else float("nan"))
+        share.append(timer.share(round_s))
     return {"ttft_s": median(ttft), "decode_ms_per_token": median(decode), "evict_share": median(share),
             "tokens_per_s": median(tps), "kv_tokens": session.kv_tokens, "kv_mb": session.kv_bytes / 2**20,
             "rss_mb": rss_mb()}
@@ -53,19 +47,19 @@ def run(args):
         checkpoints = [c for c in checkpoints if c <= args.tokens]
     rounds = 3 if args.quick else 5
     ids = token_stream(tok, checkpoints[-1] + rounds * QUESTION + FEED)
-    plans = [(p, budget, cfg) for p, cfg in policy_configs(args.policies, budget).items()]
     limit = model.config.max_position_embeddings
+    todo = plans(args.policies, [budget], checkpoints[-1], limit)
     records = []
-    total = sum(min(checkpoints[-1], limit) if p == "full" else checkpoints[-1] for p, _, _ in plans)
-    with tqdm(total=total, unit="tok", desc="latency") as bar:
-        for policy, budget_p, cfg in plans:
+    with tqdm(total=sum(p.length for p in todo), unit="tok", desc="latency") as bar:
+        for plan in todo:
+            policy = plan.policy
             bar.set_postfix_str(policy)
-            session = StreamSession(model, tok, policy, budget=None if policy == "full" else budget_p, **cfg)
+            session = StreamSession(model, tok, policy, budget=plan.budget, **plan.cfg)
             session.cache.measure_overhead = True
             pos = 0
             for checkpoint in checkpoints:
-                if policy == "full" and checkpoint + rounds * (QUESTION + ANSWER) > limit:
-                    checkpoint = limit - rounds * (QUESTION + ANSWER)  # the last point inside its context
+                if policy == "full":  # the last point inside its context
+                    checkpoint = clip_to_context(checkpoint, limit, reserve=rounds * (QUESTION + ANSWER))
                     if checkpoint <= pos:
                         break
                 while pos < checkpoint:

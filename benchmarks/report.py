@@ -1,9 +1,16 @@
-"""`python -m benchmarks.report [DIR]`: the committed results read against the core issue's goals, as markdown."""
+"""`python -m benchmarks.report [DIR]`: the committed results read against the core issue's goals, as markdown.
+
+`python -m benchmarks.report arena [FILE] [--readme README]`: the arena's policy table from arena.json
+(default benchmarks/results/arena.json); with `--readme`, written between that file's
+`<!-- arena:begin -->` and `<!-- arena:end -->` lines instead of printed.
+"""
 
 import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+README_MARKS = ("<!-- arena:begin -->", "<!-- arena:end -->")
 
 
 def load(path):
@@ -75,8 +82,119 @@ def latency_section(records):
     return text
 
 
+def _cell(value, spec, ratio=None, count=None):
+    if value is None:
+        return "-"
+    text = format(value, spec)
+    if ratio is not None:
+        text += f" ({ratio:.2f})"
+    if count is not None:
+        text += f" [{int(count)}]"
+    return text
+
+
+def arena_section(path) -> str:
+    """The arena's table: per (policy, budget), each benchmark's quality with its fraction of the full
+    cache's in brackets, time per round, peak KV MB and eviction share; then the best configuration at
+    1/8 of the context, read against the goal."""
+    from .arena import BENCHMARKS, GOAL, QUALITY, best_at
+
+    path = Path(path)
+    records = load(path)
+    settings_path = path.with_name(path.name.replace(".json", ".settings.json"))
+    settings = json.loads(settings_path.read_text()) if settings_path.exists() else {}
+    if not records:
+        return f"### arena\n\n(no results in {path})\n"
+    benchmarks = [b for b in settings.get("benchmarks", BENCHMARKS) if any(r["benchmark"] == b for r in records)]
+    value = {(r["benchmark"], r["policy"], r["budget"], r["metric"], r["x"]): r["value"] for r in records}
+    scale = settings.get("scale", {})
+    context = scale.get("context")
+    used = ", ".join(f"{b} {int(value[(b, 'full', None, 'kv_tokens', 'context')])}" for b in benchmarks
+                     if (b, "full", None, "kv_tokens", "context") in value)
+    lines = [f"From `{path}`. Context C = {context} tokens (the full cache's length at the end of a stream: {used}); "
+             f"budgets {', '.join(str(b) for b in settings.get('budgets', []))}. Cells: quality (÷ full cache)"
+             " [questions]; per benchmark in the order " + " · ".join(benchmarks) + " for the last three columns.",
+             ""]
+    header = ["policy", "budget"]
+    for b in benchmarks:
+        metric, x, _ = QUALITY[b]
+        header.append(f"{b} {metric} ({x})")
+        if b == "retrieval":
+            header.append("retrieval accuracy (all)")
+    header += ["ms / round", "KV MB (peak)", "evict share"]
+    keys = list(dict.fromkeys((r["policy"], r["budget"]) for r in records if r["metric"] == "round_ms"))
+    keys.sort(key=lambda k: (k[1] is not None, k[1] or 0))
+    rows = []
+    for policy, budget in keys:
+        row = [policy, "full" if budget is None else budget]
+        for b in benchmarks:
+            metric, x, _ = QUALITY[b]
+            spec = ".2f" if metric == "ppl" else ".3f"
+            if budget is None and x == "within budget":  # the full cache, on each budget's questions
+                row.append(" · ".join(f"<{bb}: " + _cell(value.get((b, policy, None, metric, f"within {bb}")), spec,
+                                                          count=value.get((b, policy, None, "questions",
+                                                                           f"within {bb}")))
+                                      for bb in settings.get("budgets", [])))
+            else:
+                row.append(_cell(value.get((b, policy, budget, metric, x)), spec,
+                                 value.get((b, policy, budget, "of_full", x)),
+                                 value.get((b, policy, budget, "questions", x))))
+            if b == "retrieval":
+                row.append(_cell(value.get((b, policy, budget, "accuracy", "all")), ".3f",
+                                 value.get((b, policy, budget, "of_full", "all"))))
+        for metric, x, spec in (("round_ms", "median", ".0f"), ("kv_mb", "peak", ".1f"),
+                                ("evict_share", "median", ".3f")):
+            row.append(" · ".join(_cell(value.get((b, policy, budget, metric, x)), spec) for b in benchmarks))
+        rows.append(row)
+    lines.append(table(header, rows))
+    eighth = context // 8 if context else None
+    if eighth in settings.get("budgets", []):
+        goal_benchmarks = [b for b in ("retrieval", "video_qa") if b in benchmarks]
+        best = best_at(records, eighth, goal_benchmarks) if goal_benchmarks else None
+        if best:
+            policy, got = best
+            met = all(v >= GOAL for v in got.values())
+            asked = {b: value.get((b, policy, eighth, "questions", QUALITY[b][1])) for b in goal_benchmarks}
+            parts = ", ".join(f"{b} {got[b]:.1%} of full" + (f" on {int(asked[b])} questions" if asked[b] else "")
+                              for b in goal_benchmarks)
+            ppl = value.get(("stream_ppl", policy, eighth, "of_full", "stream"))
+            lines += ["", f"Best configuration at 1/8 of the context (budget {eighth}): **{policy}** — {parts}"
+                      + (f"; stream_ppl {ppl:.1%} of full (full ppl ÷ its ppl)" if ppl is not None else "")
+                      + f". Goal ≥ {GOAL:.0%} on {' and '.join(goal_benchmarks)}: "
+                      + ("**met**." if met else "**not met**.")]
+    for kind in ("skipped", "failed"):
+        for name, why in settings.get(kind, {}).items():
+            lines.append(f"\n{kind}: {name} ({why})")
+    return "### arena\n\n" + "\n".join(lines) + "\n"
+
+
+def write_readme(readme, section: str) -> None:
+    """Put `section` between the README's arena marks (kept), replacing what was there."""
+    path = Path(readme)
+    text = path.read_text()
+    begin, end = README_MARKS
+    if begin not in text or end not in text:
+        raise SystemExit(f"{path} has no {begin} … {end} lines to write the arena table between")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{section}{end}{tail}")
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["arena"]:
+        args = argv[1:]
+        readme = None
+        if "--readme" in args:
+            i = args.index("--readme")
+            readme, args = args[i + 1], args[:i] + args[i + 2:]
+        path = Path(args[0] if args else "benchmarks/results/arena.json")
+        section = arena_section(path / "arena.json" if path.is_dir() else path)
+        if readme:
+            write_readme(readme, section)
+        else:
+            print(section)
+        return
     out = Path(argv[0] if argv else "benchmarks/results")
     parts = [ppl_section(load(out / "stream_ppl.json"), "stream_ppl"),
              ppl_section(load(out / "stream_ppl_64k" / "stream_ppl.json"), "stream_ppl (64K tokens)"),

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from inf_mllm import StreamSession, load_model
 from inf_mllm.recall import resident_spans
 
-from .common import policy_configs, print_table, record, write
+from .common import RoundTimer, plans, print_table, record, write
 from .corpus import gutenberg_text
 
 BUCKETS = ((0, 256, "<256"), (256, 512, "256-512"), (512, 1024, "512-1K"), (1024, 1 << 40, ">=1K"))
@@ -52,16 +52,22 @@ def answered(session, question_ids, answer_ids, after_ids, oracle=None) -> bool:
     return bool((logits[0, start:start + answer_ids.shape[1]].argmax(-1) == answer_ids[0]).all())
 
 
-def trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
-    """(distance in tokens, right, asked line's turn evicted, that turn recalled) per round."""
+def trial(model, tok, words, policy, budget, cfg, rounds, seed, bar, timed=False):
+    """One stream of `rounds` rounds; per round {distance (tokens), ok, evicted (the asked line's turn had
+    left the cache; None without recall), recalled (that turn was linked back), round_s, evict_share, kv_mb,
+    kv_tokens}.
+    The questions depend on `seed` alone, never on the policy. `timed` prices the scores
+    (`cache.measure_overhead`), which only the timings need."""
     def ids(text):
         return token_ids(tok, text)
 
     rng = random.Random(seed)
     keys = rng.sample(words, rounds * 5)
     session = StreamSession(model, tok, policy, budget=budget, **cfg)
+    session.cache.measure_overhead = timed
     lines, results = [], []
     for r in range(rounds):
+        timer = RoundTimer(session)
         block = []
         for i in range(5):
             value = rng.randint(100, 999)
@@ -69,6 +75,7 @@ def trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
             lines.append((keys[r * 5 + i], value, session.seen + before, r))
             block.append(f"{keys[r * 5 + i]}: {value}")
         session.append_text("\n".join(block) + "\n", meta={"round": r})
+        timer.turn()
         word, value, pos, at = rng.choice(lines)
         evicted = recalled = None
         if session.store is not None:
@@ -76,9 +83,12 @@ def trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
             evicted = by_round[at] not in resident_spans(session.cache, session.store, session.recall.resident)
         ok = answered(session, ids(f"{word}:"), ids(f" {value}"), ids("\n"),
                       oracle=lambda meta, at=at: meta["round"] == at)
+        round_s = timer.turn()
         if session.store is not None:
             recalled = any(meta["round"] == at for _, meta in session.last_recalled)
-        results.append((session.seen - pos, ok, evicted, recalled))
+        results.append({"distance": session.seen - pos, "ok": ok, "evicted": evicted, "recalled": recalled,
+                        "round_s": round_s, "evict_share": timer.share(round_s), "kv_mb": session.kv_bytes / 2**20,
+                        "kv_tokens": session.kv_tokens})
         bar.update(1)
     return results
 
@@ -89,20 +99,21 @@ def run(args):
     budgets = args.budgets or ([256] if args.quick else [256, 512])
     seeds = [0] if args.quick else [0, 1, 2]
     rounds = 12 if args.quick else 40
-    plans = [("full", None, {})] + [(p, b, cfg) for b in budgets
-                                   for p, cfg in policy_configs(args.policies, b, recall=True).items() if p != "full"]
+    # the full cache always runs: the accuracies are read against it
+    todo = plans(None if args.policies is None else ["full", *args.policies], budgets, recall=True)
     records = []
-    with tqdm(total=len(plans) * len(seeds) * rounds, desc="retrieval", unit="round") as bar:
-        for policy, budget, cfg in plans:
+    with tqdm(total=len(todo) * len(seeds) * rounds, desc="retrieval", unit="round") as bar:
+        for plan in todo:
+            policy, budget = plan.key
             bar.set_postfix_str(f"{policy}@{budget}")
             hits, found = collections.defaultdict(list), []
             for seed in seeds:
-                for distance, ok, evicted, recalled in trial(model, tok, words, policy, budget, cfg, rounds, seed, bar):
-                    hits[bucket(distance)].append(ok)
-                    hits["all"].append(ok)
-                    if evicted:  # the asked line's turn had left the cache: was it linked back?
-                        hits["evicted"].append(ok)
-                        found.append(recalled)
+                for row in trial(model, tok, words, policy, budget, plan.cfg, rounds, seed, bar):
+                    hits[bucket(row["distance"])].append(row["ok"])
+                    hits["all"].append(row["ok"])
+                    if row["evicted"]:  # the asked line's turn had left the cache: was it linked back?
+                        hits["evicted"].append(row["ok"])
+                        found.append(row["recalled"])
             for name in [b[2] for b in BUCKETS] + ["all", "evicted"]:
                 if hits[name]:
                     records.append(record("retrieval", policy, budget, "accuracy", sum(hits[name]) / len(hits[name]),

@@ -7,7 +7,6 @@ The full cache runs only up to the model's trained context (8K for SmolLM2).
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -15,15 +14,15 @@ from tqdm import tqdm
 
 from inf_mllm import StreamSession, load_model
 
-from .common import median, policy_configs, print_table, record, write
+from .common import RoundTimer, median, plans, print_table, record, write
 from .corpus import corpus_tokens, token_stream
 
 CHUNK = 64
 
 
-def stream(model, tok, ids, policy, budget, cfg, segment, bar, state=None):
+def stream(model, tok, ids, policy, budget, cfg, segment, bar, state=None, on_round=None):
     """Yield (end, ppl, kv_tokens, evict_share, state) per segment; `state` (what a checkpoint holds)
-    continues a stopped run where it was saved."""
+    continues a stopped run where it was saved. `on_round(session, round_s, share)` sees every chunk."""
     session = StreamSession(model, tok, policy, budget=budget, **cfg)
     prev, first = None, 0
     if state:
@@ -33,11 +32,12 @@ def stream(model, tok, ids, policy, budget, cfg, segment, bar, state=None):
     nll, count, shares = 0.0, 0, []
     for start in range(first, ids.numel(), CHUNK):
         chunk = ids[start:start + CHUNK][None]
-        t0 = time.perf_counter()
+        timer = RoundTimer(session)
         logits = session.append(chunk)
-        score_s, probe_s = session.cache.pop_score_time()
-        round_s = time.perf_counter() - t0 - probe_s
-        shares.append((session.last.evict_s + score_s) / round_s)
+        round_s = timer.turn()
+        shares.append(timer.share(round_s))
+        if on_round:
+            on_round(session, round_s, shares[-1])
         logp = torch.log_softmax(logits[0].float(), dim=-1)
         targets = chunk[0]
         if prev is not None:
@@ -59,20 +59,17 @@ def run(args):
     budgets = args.budgets or ([256, 1024] if args.quick else [256, 512, 1024])
     length = args.tokens or (4096 if args.quick else 65536)
     segment = 512 if args.quick else 1024
-    full_len = min(length, 2048 if args.quick else model.config.max_position_embeddings)
+    context = 2048 if args.quick else model.config.max_position_embeddings
+    full_len = min(length, context)
     ids = token_stream(tok, length)
-    plans = [("full", None, {}, full_len)]
-    for budget in budgets:
-        plans += [(p, budget, cfg, length) for p, cfg in policy_configs(args.policies, budget).items() if p != "full"]
-    if args.policies and "full" not in args.policies:
-        plans = plans[1:]
+    todo = [(p.policy, p.budget, p.cfg, p.length) for p in plans(args.policies, budgets, length, context)]
     run_id = {"tokens": length, "segment": segment}
     records, state, done = [], None, set()
     if getattr(args, "resume", False):
-        records, state, done = resumed(Path(args.out), plans, run_id)
+        records, state, done = resumed(Path(args.out), todo, run_id)
     checkpoint = Path(args.out) / "stream_ppl.ckpt"
-    with tqdm(total=sum(p[3] for p in plans), unit="tok", desc="stream_ppl") as bar:
-        for policy, budget, cfg, n in plans:
+    with tqdm(total=sum(p[3] for p in todo), unit="tok", desc="stream_ppl") as bar:
+        for policy, budget, cfg, n in todo:
             bar.set_postfix_str(f"{policy}@{budget}")
             if (policy, budget) in done:
                 bar.update(n)
@@ -99,7 +96,7 @@ def save(path: Path, state: dict):
     tmp.replace(path)
 
 
-def resumed(out: Path, plans, run_id):
+def resumed(out: Path, todo, run_id):
     """Records and checkpoint of a stopped run in `out` (`--resume`): the runs it finished, and the
     state of the one it was in, with that run's records up to the state. Partial runs without a
     checkpoint start again."""
@@ -110,7 +107,7 @@ def resumed(out: Path, plans, run_id):
     if state and {k: state[k] for k in run_id} != run_id:
         raise SystemExit(f"{checkpoint} is from another run ({ {k: state[k] for k in run_id} }), not {run_id}")
     records = [r for r in json.loads(path.read_text()) if not isinstance(r["x"], str)]
-    last = {(p[0], p[1]): p[3] // run_id["segment"] * run_id["segment"] for p in plans}
+    last = {(p[0], p[1]): p[3] // run_id["segment"] * run_id["segment"] for p in todo}
     reached = {}
     for r in records:
         key = (r["policy"], r["budget"])

@@ -21,15 +21,14 @@ from inf_mllm import KVShape
 from inf_mllm.recall import resident_spans
 from models.tiny_vlm.data import group_by_image, image_paths, load_image, named, questions
 from streaming.engine import TurnEngine
-from streaming.questions import Question, Schedule
+from streaming.questions import Question, Schedule, references
 from streaming.sources import FileSource
 
-from .common import RECALL_POLICIES, policy_configs, print_table, record, rss_mb, write
+from .common import RoundTimer, config_for, plot, policy_names, print_table, record, rss_mb, write
 
 CLIP_S = 2.0  # seconds each image is on screen
 VIDEO_FPS = 4
 SIZE = 128
-POLICIES = ("full", "window", "streaming_llm", "h2o", "inf_mllm", "inf_mllm_plus", *RECALL_POLICIES)
 BACK_BUCKETS = ((0, 0), (1, 4), (8, 16), (32, 64), (128, 256))
 
 
@@ -113,6 +112,52 @@ def run_one(vlm, video: Path, asks, policy: str, budget: int | None, cfg: dict, 
     return per_round, oom, engine.telemetry
 
 
+@torch.inference_mode()
+def encode_video(vlm, video: Path, clip_s: float = CLIP_S, fps: float = 1.0) -> list[tuple]:
+    """(index, start, end, visual) per clip of `video`, grouped and encoded as the engine's ingest thread
+    does (`TurnEngine._ingest`): computed once, then replayed into every policy's session."""
+    clips, frames, times = [], [], []
+
+    def emit():
+        step = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else clip_s
+        clips.append((len(clips) + 1, times[0], times[-1] + step, vlm.encode(np.stack(frames), times)))
+
+    for frame in FileSource(video, fps=fps):
+        if frames and frame.t - times[0] >= clip_s:
+            emit()
+            frames, times = [], []
+        frames.append(frame.rgb)
+        times.append(frame.t)
+    if frames:
+        emit()
+    return clips
+
+
+def qa_rounds(vlm, clips, asks, policy: str, budget: int | None, cfg: dict, timed: bool = False, bar=None):
+    """The engine's turn order without its threads: clip k's turn, then round k's question (answers of up
+    to 4 tokens, recall given what the question names and the oracle, as the engine gives them). Per round
+    {round, back, ok, round_s, evict_share, kv_mb, kv_tokens}; `timed` prices the scores (`cache.measure_overhead`)."""
+    session = vlm.new_session(policy, budget=budget, **cfg)
+    session.cache.measure_overhead = timed
+    rows = []
+    for (index, start, end, visual), (j, q) in zip(clips, asks, strict=True):
+        timer = RoundTimer(session)
+        vlm.append_clip(session, visual, index, start, end)
+        timer.turn()
+        text = named(q, j)
+        extra = {}
+        if session.recall is not None:
+            extra = {"named": references(text), "oracle": lambda meta, j=j: meta.get("clip") == j}
+        answer = "".join(vlm.ask(session, text, 4, **extra)).strip()
+        round_s = timer.turn()
+        rows.append({"round": index, "back": index - j, "ok": answer.lower() == q.answer, "round_s": round_s,
+                     "evict_share": timer.share(round_s), "kv_mb": session.kv_bytes / 2**20,
+                     "kv_tokens": session.kv_tokens})
+        if bar is not None:
+            bar.update()
+    return rows
+
+
 # the ports' token pipelines on tiny-vlm features, run with the paper's policy beside tiny-vlm's full sweep
 PORTS = ("chat-univi-tiny", "flash-vstream-tiny")
 
@@ -128,17 +173,16 @@ def run(args):
     round_sets = [5, 10, 30] if args.quick else [5, 10, 300]
     if args.tokens:
         round_sets = [args.tokens]
-    names = [p for p in POLICIES if not args.policies or p in args.policies]
+    names = policy_names(args.policies, recall=True)
     vlm = load_adapter("tiny-vlm")
     ports = {} if args.quick or args.policies else {name: load_adapter(name) for name in PORTS}
     out = Path(args.out)
     folder = Path(".cache/video_qa")  # regenerated deterministically: not committed
     folder.mkdir(parents=True, exist_ok=True)
     paths = image_paths("test")
-    configs = policy_configs(names, budget, recall=True)
-    inf = policy_configs(["inf_mllm"], budget)["inf_mllm"]
+    inf = config_for("inf_mllm", budget)
     # the uncapped full cache runs the short videos only: at 300 rounds it would pass the model's context
-    runs = [(vlm, p, p, None if p == "full" else budget, configs[p], None) for p in names if p != "full"]
+    runs = [(vlm, p, p, budget, config_for(p, budget), None) for p in names if p != "full"]
     if "full" in names:
         runs.append((vlm, "full_capped", "full", None, {}, 4 * budget * _bytes_per_token(vlm)))
     runs += [(adapter, f"{name}:inf_mllm", "inf_mllm", budget, inf, None) for name, adapter in ports.items()]
@@ -164,8 +208,9 @@ def run(args):
     if any("+recall" in n for n in names):
         records += link_vs_reencode(vlm, budget, paths)
         print_table([r for r in records if r["metric"] in ("link_ms", "reencode_ms")], ["link_ms", "reencode_ms"])
-    path = write(out, "video_qa", records, [])
-    plot(path.with_suffix(".png"), records, budget)
+    write(out, "video_qa", records, [])
+    plot(out / "video_qa.png", "video_qa", records, ["kv_mb", "rss_mb", "ttft_s"], x_label="round",
+         vlines={"oom_round": "out of memory (4× cap)"})
     orin_protocol(vlm, out, budget, minutes=3 if args.quick else 30)
     print("RSS at the end:", round(rss_mb()), "MB")
 
@@ -176,7 +221,7 @@ def link_vs_reencode(vlm, budget: int, paths, clips: int = 40, repeats: int = 20
     frame again and prefilling the clip turn, both into the same 512-token cache and undone after."""
     from inf_mllm import recall
 
-    session = vlm.new_session("inf_mllm+recall", budget=budget, **policy_configs(["inf_mllm"], budget)["inf_mllm"])
+    session = vlm.new_session("inf_mllm+recall", budget=budget, **config_for("inf_mllm", budget))
     images = [load_image(paths[i]) for i in range(clips)]
     for k, img in enumerate(images, start=1):
         vlm.append_clip(session, vlm.encode(img[None], [CLIP_S * (k - 1)]), k, CLIP_S * (k - 1), CLIP_S * k)
@@ -212,8 +257,7 @@ def orin_protocol(vlm, out: Path, budget: int, minutes: int, policies=("inf_mllm
     loops = int(minutes * 60 // FileSource(clip).duration)
     records = []
     for policy in policies:
-        session = vlm.new_session(policy, budget=None if policy == "full" else budget,
-                                  **policy_configs([policy], budget)[policy])
+        session = vlm.new_session(policy, budget=None if policy == "full" else budget, **config_for(policy, budget))
         engine = TurnEngine(vlm, session, clip_seconds=4.0, max_new_tokens=8)
         schedule = Schedule(every(30, "what is the color of the shape?", loops * 10.0))
         answers = engine.run(FileSource(clip, fps=1.0, loops=loops), schedule)
@@ -276,29 +320,3 @@ def summarize(label, budget, rounds, results, per_round_records: bool):
             break
     return out
 
-
-def plot(path, records, budget):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4))
-    for metric, ax in zip(("kv_mb", "rss_mb", "ttft_s"), axes, strict=True):
-        series = defaultdict(list)
-        for r in records:
-            if r["metric"] == metric and isinstance(r["x"], int):
-                series[r["policy"]].append((r["x"], r["value"]))
-        for policy, pts in series.items():
-            ax.plot(*zip(*pts, strict=True), label=policy, linewidth=1)
-        for r in records:
-            if r["metric"] == "oom_round" and metric == "kv_mb":
-                ax.axvline(r["value"], color="k", linestyle="--", linewidth=1)
-                ax.annotate("full (4× cap): OOM", (r["value"], ax.get_ylim()[1] * 0.9), fontsize=8)
-        ax.set_xlabel("round")
-        ax.set_title(f"video_qa: {metric} per round (budget {budget})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)

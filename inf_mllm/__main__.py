@@ -1,20 +1,26 @@
-"""`python -m inf_mllm policies` lists the registered policies; `python -m inf_mllm demo` runs the text-stream demo."""
+"""`python -m inf_mllm policies` lists the named policies and the tested combinations;
+`python -m inf_mllm calibrate OUT ...` writes a PrefixKV calibration; `python -m inf_mllm demo` runs the
+text-stream demo."""
 
 import sys
 
-from .policies import POLICIES
+from .policies import COMBINATIONS, POLICIES
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["policies"]:
-        print("\n".join(POLICIES))
+        print("\n".join([*POLICIES, *COMBINATIONS]))
         return 0
+    if argv[:1] == ["calibrate"]:
+        from .calibrate import main as calibrate
+
+        return calibrate(argv[1:])
     if argv == ["demo"]:
         from .demo import main as demo
 
         return demo()
-    print("usage: python -m inf_mllm policies | demo", file=sys.stderr)
+    print("usage: python -m inf_mllm policies | calibrate OUT [options] | demo", file=sys.stderr)
     return 2
 
 

@@ -38,6 +38,10 @@ def _bool_mask(attention_mask, b, q_len, n, device):
 
 
 def observing_sdpa(module, query, key, value, attention_mask, **kwargs):
+    if attention_mask is not None and attention_mask.shape[-1] > key.shape[2]:
+        # layers hold different token counts (per-layer budgets) but end at one position: the mask,
+        # built for the cache's position length, is this layer's on its last columns
+        attention_mask = attention_mask[..., -key.shape[2]:]
     layer = _active_layer.get()
     if layer is None or layer.layer_idx != getattr(module, "layer_idx", None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
@@ -50,7 +54,7 @@ def observing_sdpa(module, query, key, value, attention_mask, **kwargs):
     if query.is_cuda:
         out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
         t0 = _clock(cache, query)
-        layer.observe_scores(window_scores(query[:, :, -l:], key, scaling), l)
+        layer.observe_scores(window_scores(query[:, :, -l:], key, scaling), l, query[:, :, -l:], key, scaling)
         cache.score_s += _clock(cache, query) - t0
         return out
     b, _, q_len, _ = query.shape
@@ -62,7 +66,7 @@ def observing_sdpa(module, query, key, value, attention_mask, **kwargs):
     win_mask = None if attention_mask is None else full_mask()[:, :, -l:]
     t0 = time.perf_counter()
     win_out, scores = window_attention(query[:, :, -l:], key, value, scaling, win_mask)
-    layer.observe_scores(scores, l)
+    layer.observe_scores(scores, l, query[:, :, -l:], key, scaling)
     fused = time.perf_counter() - t0
     if cache.measure_overhead:  # what plain SDPA would have spent on these queries: the scores cost the rest
         t0 = time.perf_counter()

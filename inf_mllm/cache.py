@@ -1,9 +1,10 @@
 """A transformers Cache whose layers evict by policy at turn boundaries and keep positions contiguous.
 
-Each `StreamingLayer` is a `DynamicLayer` that also remembers what its policy needs (the window
-scores of the last prompt, or accumulated attention), evicts to its budget when told, and re-rotates
-the kept keys so they sit at positions 0..K-1. Because the kept tokens are always contiguous, the
-model's default position ids (arange + cache length) and causal mask stay right after a shrink.
+Each `StreamingLayer` is a `DynamicLayer` that also keeps what its policy's observers record (the
+window scores of the last prompt, accumulated attention, post-vision statistics), evicts or merges to
+its budget when told, and re-rotates the kept keys so they sit at contiguous positions. Because the
+kept tokens are always contiguous and every layer ends at the same position, the model's default
+position ids (arange + cache length) and causal mask stay right after a shrink.
 """
 
 from contextlib import contextmanager
@@ -14,8 +15,10 @@ from transformers.cache_utils import Cache, DynamicLayer
 from . import attention
 from .attention import use_observing_attention
 from .budget import KVShape, layer_budgets
-from .policies import LayerView, Policy, make_policy
+from .observers import WindowObserver
+from .policies import LayerView, Policy, Uniform, make_policy
 from .rope import RotationTable, rope_inv_freq
+from .scoring import window_scores
 
 
 class ProbeDone(Exception):
@@ -23,15 +26,31 @@ class ProbeDone(Exception):
 
 
 class StreamingLayer(DynamicLayer):
+    """One layer's K/V plus what its observers recorded (`seen`), evicted or merged when told.
+
+    Its tokens sit at contiguous positions start..start+len-1; `start` is 0 unless budgets differ per
+    layer, where every layer ends at the same position (the cache's `get_seq_length`), so the model's
+    position ids and causal mask fit all layers (the attention function slices the mask per layer)."""
+
     def __init__(self, layer_idx: int, cache: "StreamingCache"):
         super().__init__()
         self.layer_idx = layer_idx
         self.cache = cache
         self.prompt_len = 0
-        self.window_scores: torch.Tensor | None = None
-        self.acc_scores: torch.Tensor | None = None
+        self.start = 0
+        self.budget: int | None = None  # the last budget its allocator gave it
+        self.seen: dict[str, torch.Tensor] = {}  # observer key -> statistic (see observers.py)
         # which turn each cached token came from, (B, H, n); linked (recalled) tokens carry -1 - span id
         self.turn_ids: torch.Tensor | None = None
+        self._wants: list = []  # (observer, queries) for the forward under way
+
+    @property
+    def window_scores(self) -> torch.Tensor | None:
+        return self.seen.get("window")
+
+    @property
+    def acc_scores(self) -> torch.Tensor | None:
+        return self.seen.get("acc")
 
     def update(self, key_states, value_states, *args, **kwargs):
         if self.cache.probe_layers is not None and self.layer_idx >= self.cache.probe_layers:
@@ -43,66 +62,129 @@ class StreamingLayer(DynamicLayer):
         if self.cache.track_turns:
             tag = torch.full((*keys.shape[:2], new), self.cache.turn, dtype=torch.long, device=keys.device)
             self.turn_ids = tag if self.turn_ids is None else torch.cat([self.turn_ids, tag], dim=-1)
-        if self.cache.policy.observe == "all":
-            pad = torch.zeros((*keys.shape[:2], new), dtype=torch.float32, device=keys.device)
-            self.acc_scores = pad if self.acc_scores is None else torch.cat([self.acc_scores, pad], dim=-1)
-        if self.cache.policy.observe is not None or self.cache.recall_window:
+        for obs in self.cache.observers:
+            obs.grow(self, new)
+        if self.cache.observers:
             attention.announce(self)
         return keys, values
 
     def window_len(self, q_len: int) -> int:
-        """How many of this forward's last queries the policy (or recall) wants scored (0: none)."""
-        observe = self.cache.policy.observe
-        if observe == "all":
-            return q_len
-        if self.cache.is_decoding:
-            return 0
-        if observe == "window":
-            return min(self.cache.policy.window, q_len)
-        return min(self.cache.recall_window, q_len)
+        """How many of this forward's last queries the observers want scored (0: none)."""
+        decoding = self.cache.is_decoding
+        self._wants = [(obs, obs.queries(self, q_len, decoding)) for obs in self.cache.observers]
+        return max((want for _, want in self._wants), default=0)
 
-    def observe_scores(self, scores: torch.Tensor, l: int) -> None:
-        """Called by the attention function with (B, Hq, n) mean attention of the last l queries."""
-        self.window_scores = scores
-        if self.cache.policy.observe == "all":
-            b, hq, n = scores.shape
-            hkv = self.keys.shape[1]
-            self.acc_scores += scores.reshape(b, hkv, hq // hkv, n).sum(dim=2) * l
+    def observe_scores(self, scores: torch.Tensor, l: int, query: torch.Tensor | None = None,
+                       keys: torch.Tensor | None = None, scaling: float | None = None) -> None:
+        """Called by the attention function after `window_len` with (B, Hq, n) mean attention of the last l
+        queries, and those queries (B, Hq, l, D), the layer's keys and the scale, for observers that want
+        fewer queries or other statistics than the mean."""
+        for obs, want in self._wants:
+            if want == 0:
+                continue
+            own = scores if want == l else window_scores(query[:, :, -want:], keys, scaling)
+            obs.record(self, own, want, None if query is None else query[:, :, -want:], keys, scaling)
+
+    def view(self) -> LayerView:
+        s = self.seen
+        return LayerView(self.get_seq_length(), self.prompt_len, self.keys.shape[1], s.get("window"), s.get("acc"),
+                         s.get("post"), s.get("sparsity"))
+
+    def can_select(self, policy: Policy) -> bool:
+        """Whether the prompt statistics `policy` ranks by are current (not spent by an eviction, nor
+        stale once answer tokens came in)."""
+        n = self.get_seq_length()
+        for obs in policy.observers():
+            stat = self.seen.get(obs.key)
+            if stat is None or (obs.key != "acc" and stat.shape[-1] != n):
+                return False
+        return True
 
     def evict(self, policy: Policy, budget: int) -> None:
+        """This layer alone down to `budget` (its start unchanged: for uniform budgets; the cache's
+        `evict` handles budgets that differ per layer)."""
         n = self.get_seq_length()
         if n <= budget:
             return
-        view = LayerView(n, self.prompt_len, self.keys.shape[1], self.window_scores, self.acc_scores)
-        idx = policy.select(view, budget)
-        if idx is None:
-            return
-        self.keep(idx)
-        self.window_scores = None
+        self.apply(policy.select(self.view(), budget), policy.reducer, self.start)
 
-    def keep(self, idx: torch.Tensor) -> None:
-        """Keep the tokens at sorted indices idx, (B, K) or (B, H, K), re-rotated to positions 0..K-1."""
+    def apply(self, idx: torch.Tensor | None, reducer: str, start: int) -> None:
+        """Reduce to the sorted indices idx (None: keep all), then sit at positions start..start+K-1."""
+        if idx is None:
+            if start != self.start:
+                self.shift(start)
+            return
+        if reducer == "merge":
+            self.merge(idx, start)
+        else:
+            self.keep(idx, start)
+        for key in ("window", "post", "sparsity"):  # prompt statistics are spent by an eviction
+            self.seen.pop(key, None)
+
+    def keep(self, idx: torch.Tensor, start: int | None = None) -> None:
+        """Keep the tokens at sorted indices idx, (B, K) or (B, H, K), re-rotated to positions start..start+K-1
+        (start: unchanged by default)."""
+        start = self.start if start is None else start
         b, h, _, d = self.keys.shape
         idx = idx.to(self.keys.device)
         # one index set for all heads stays (B, 1, K): its shifts and rotation angles are computed once per token
         idx = idx[:, None, :] if idx.dim() == 2 else idx
         gather = idx.unsqueeze(-1).expand(b, h, -1, d)
         keys = self.keys.gather(2, gather)
-        delta = torch.arange(idx.shape[-1], device=idx.device) - idx  # (B, 1 or H, K), <= 0
+        delta = torch.arange(idx.shape[-1], device=idx.device) + (start - self.start) - idx  # new - old position
         self.keys = self.cache.rotations.rotate(keys, delta) if bool((delta != 0).any()) else keys
         self.values = self.values.gather(2, gather)
-        if self.acc_scores is not None:
-            self.acc_scores = self.acc_scores.gather(-1, idx.expand(b, h, -1))
+        if "acc" in self.seen:
+            self.seen["acc"] = self.seen["acc"].gather(-1, idx.expand(b, h, -1))
         if self.turn_ids is not None:
             self.turn_ids = self.turn_ids.gather(-1, idx.expand(b, h, -1))
+        self.start = start
+
+    def merge(self, idx: torch.Tensor, start: int) -> None:
+        """Elastic Cache's merging (its Eq. 2-3): the kept indices are anchors; every token joins the bucket
+        of its nearest anchor (boundaries at the floor of the midpoints between neighbouring anchors) and
+        each bucket's K and V become the means of its members. Keys are cached after RoPE, so each member
+        key is first rotated to the position its bucket will occupy (the anchor's, after re-assignment):
+        the mean is taken among keys at one position, as if every member sat where its anchor sits.
+        Accumulated attention is summed per bucket; a bucket keeps its anchor's turn id."""
+        b, h, n, d = self.keys.shape
+        idx = idx.to(self.keys.device)
+        idx = idx[:, None, :] if idx.dim() == 2 else idx  # (B, 1 or H, K)
+        k, g = idx.shape[-1], idx.shape[1]
+        mids = torch.div(idx[..., :-1] + idx[..., 1:], 2, rounding_mode="floor").contiguous()
+        pos = torch.arange(n, device=idx.device).expand(b, g, n).contiguous()
+        bucket = torch.searchsorted(mids, pos)  # how many boundaries lie before each token: (B, g, n)
+        delta = bucket + (start - self.start) - pos
+        keys = self.cache.rotations.rotate(self.keys, delta).float()
+        ones = torch.ones_like(bucket, dtype=torch.float32)
+        count = torch.zeros(b, g, k, device=idx.device).scatter_add_(-1, bucket, ones)
+        spread = bucket.expand(b, h, n)
+        where = spread.unsqueeze(-1).expand(b, h, n, d)
+        mean = count.expand(b, h, k).unsqueeze(-1)
+        zeros = torch.zeros(b, h, k, d, device=idx.device)
+        self.keys = (zeros.scatter_add(2, where, keys) / mean).to(self.keys.dtype)
+        self.values = (zeros.scatter_add(2, where, self.values.float()) / mean).to(self.values.dtype)
+        if "acc" in self.seen:
+            self.seen["acc"] = torch.zeros(b, h, k, device=idx.device).scatter_add_(-1, spread, self.seen["acc"])
+        if self.turn_ids is not None:
+            self.turn_ids = self.turn_ids.gather(-1, idx.expand(b, h, -1))
+        self.start = start
+
+    def shift(self, start: int) -> None:
+        """Move every token by start - self.start positions (budgets that differ per layer)."""
+        n = self.get_seq_length()
+        delta = torch.full((1, 1, n), start - self.start, device=self.keys.device)
+        self.keys = self.cache.rotations.rotate(self.keys, delta)
+        self.start = start
 
     def insert(self, at: int, keys: torch.Tensor, values: torch.Tensor, tags: torch.Tensor) -> None:
-        """Link a stored block (B, H, m, d) whose keys sit at positions 0..m-1 in at position `at`; the
+        """Link a stored block (B, H, m, d) whose keys sit at positions 0..m-1 in at index `at`; the
         tokens after it move right by m (keys re-rotated), so positions stay contiguous."""
         m = keys.shape[2]
         rotate = self.cache.rotations.rotate
         head_k, tail_k = self.keys[:, :, :at], self.keys[:, :, at:]
-        block = rotate(keys.to(self.keys), torch.full((1, 1, m), at, device=keys.device)) if at else keys
+        to = self.start + at
+        block = rotate(keys.to(self.keys), torch.full((1, 1, m), to, device=keys.device)) if to else keys
         if tail_k.shape[2]:
             tail_k = rotate(tail_k, torch.full((1, 1, tail_k.shape[2]), m, device=keys.device))
         self.keys = torch.cat([head_k, block.to(self.keys.dtype), tail_k], dim=2)
@@ -111,17 +193,18 @@ class StreamingLayer(DynamicLayer):
         if self.turn_ids is not None:
             ids = tags.to(self.turn_ids.device).expand(b, h, m)
             self.turn_ids = torch.cat([self.turn_ids[..., :at], ids, self.turn_ids[..., at:]], dim=-1)
-        if self.acc_scores is not None:
-            zeros = torch.zeros((b, h, m), dtype=self.acc_scores.dtype, device=self.acc_scores.device)
-            self.acc_scores = torch.cat([self.acc_scores[..., :at], zeros, self.acc_scores[..., at:]], dim=-1)
+        acc = self.seen.get("acc")
+        if acc is not None:
+            zeros = torch.zeros((b, h, m), dtype=acc.dtype, device=acc.device)
+            self.seen["acc"] = torch.cat([acc[..., :at], zeros, acc[..., at:]], dim=-1)
 
     def mark(self) -> tuple:
         """What `rollback` needs to undo the forwards that follow (a probe, or a turn that failed)."""
-        acc = self.acc_scores.clone() if self.acc_scores is not None else None
-        return self.get_seq_length(), self.prompt_len, self.window_scores, acc
+        seen = {k: v.clone() if k == "acc" else v for k, v in self.seen.items()}
+        return self.get_seq_length(), self.prompt_len, seen, self.start
 
     def rollback(self, mark: tuple) -> None:
-        n, self.prompt_len, self.window_scores, self.acc_scores = mark
+        n, self.prompt_len, self.seen, self.start = mark
         if self.is_initialized:
             self.keys, self.values = self.keys[:, :, :n], self.values[:, :, :n]
         if self.turn_ids is not None:
@@ -129,16 +212,23 @@ class StreamingLayer(DynamicLayer):
 
 
 class StreamingCache(Cache):
-    """Bounded KV cache for streams: `evict()` at each turn boundary, `step()` after each decode step."""
+    """Bounded KV cache for streams: `evict()` at each turn boundary, `step()` after each decode step.
+
+    Whether a forward is a prompt or a decode step is explicit per forward (`phase`, set by
+    `decode_step()` around one decode forward), never a flag held while an answer is paused."""
 
     def __init__(self, policy: Policy, budgets: list[int] | None, inv_freq: torch.Tensor, num_layers: int):
         super().__init__(layers=[])
         self.layers = [StreamingLayer(i, self) for i in range(num_layers)]
         self.policy = policy
-        self.budgets = budgets
+        self.budgets = budgets  # nominal per-layer budgets; the allocator splits their sum at each eviction
+        self.observers = policy.all_observers()
         self.inv_freq = inv_freq
         self.rotations = RotationTable(inv_freq)
-        self.is_decoding = False
+        self.phase = "prompt"
+        # the current prompt's vision span end (tokens of the turn up to the last visual one), if announced
+        self.vision_end: int | None = None
+        self.vision_seen = False  # some turn held visual tokens
         # Time spent on scores since the last pop_score_time(). With measure_overhead (benchmarks), it is
         # the cost beyond plain SDPA, found by also running SDPA on the window queries (probe_s).
         self.score_s = self.probe_s = 0.0
@@ -160,23 +250,46 @@ class StreamingCache(Cache):
         inv_freq = rope_inv_freq(model)
         shape = KVShape.from_config(model.config, torch.finfo(model.dtype).bits // 8, batch)
         budgets = layer_budgets(budget, shape) if policy.name != "full" else None
-        if policy.observe is not None:
-            use_observing_attention(model)
+        if policy.all_observers() or not isinstance(policy.allocator, Uniform):
+            use_observing_attention(model)  # also slices the causal mask for layers of different lengths
         return cls(policy, budgets, inv_freq, shape.num_layers)
 
     def enable_recall(self, model, window: int) -> None:
         """Track which turn each token came from and observe every turn's window (recall needs both)."""
         self.track_turns, self.recall_window = True, window
+        if not any(obs.key in ("window", "acc") for obs in self.observers):  # recall reads the window scores
+            self.observers.append(WindowObserver(window=window))
         use_observing_attention(model)
 
+    @property
+    def is_decoding(self) -> bool:
+        return self.phase == "decode"
+
     @contextmanager
-    def decoding(self):
-        """Mark forwards as decode steps: they neither open a new turn nor refresh window scores."""
-        self.is_decoding = True
+    def decode_step(self):
+        """Mark the one forward inside as a decode step: it neither opens a new turn nor refreshes the
+        window scores. Scoped to that forward, so a paused answer leaves the cache in the prompt phase."""
+        self.phase = "decode"
         try:
             yield self
         finally:
-            self.is_decoding = False
+            self.phase = "prompt"
+
+    def announce_vision(self, end: int | None) -> None:
+        """The next prompt's tokens up to index `end` (exclusive) end with its last visual token (None: a
+        text turn). VL-Cache's post-vision queries are the tokens after it."""
+        self.vision_end = end
+        self.vision_seen = self.vision_seen or end is not None
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The position the next token takes: the same for every layer, whatever each one holds."""
+        layer = self.layers[layer_idx] if layer_idx < len(self.layers) else None
+        if layer is None or not layer.is_initialized:
+            return 0
+        return layer.start + layer.get_seq_length()
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0
 
     def mark(self) -> list[tuple]:
         return [layer.mark() for layer in self.layers]
@@ -186,18 +299,48 @@ class StreamingCache(Cache):
         for layer, mark in zip(self.layers, marks, strict=True):
             layer.rollback(mark)
 
-    def evict(self) -> None:
-        """Turn boundary: every layer keeps at most its budget, chosen by the policy."""
-        if self.budgets is None:
+    def evict(self, policy: Policy | None = None) -> None:
+        """Turn boundary: the allocator splits the budgets, then each layer keeps (or merges down to) its
+        share, chosen by the policy (`policy` overrides the cache's, e.g. a fallback without scores)."""
+        if self.budgets is None or not all(layer.is_initialized for layer in self.layers):
             return
-        for layer, budget in zip(self.layers, self.budgets, strict=True):
-            if layer.is_initialized:
-                layer.evict(self.policy, budget)
+        policy = policy or self.policy
+        views = [layer.view() for layer in self.layers]
+        budgets = policy.allocator.allocate(policy, views, self.budgets)
+        plans = []
+        for layer, view, budget in zip(self.layers, views, budgets, strict=True):
+            layer.budget = budget
+            plans.append(policy.select(view, budget) if view.n > budget else None)
+        self._apply(plans, views, policy.reducer)
 
     def step(self) -> None:
-        """After a decode step: evict only for policies that evict while decoding (H2O)."""
-        if self.policy.evict_while_decoding:
-            self.evict()
+        """After a decode step: policies that evict while decoding (H2O, Elastic's fixed-point
+        elimination) bring each layer back to its last budget."""
+        if not self.policy.evict_while_decoding or self.budgets is None:
+            return
+        views = [layer.view() for layer in self.layers]
+        plans = []
+        for layer, view, nominal in zip(self.layers, views, self.budgets, strict=True):
+            budget = nominal if layer.budget is None or isinstance(self.policy.allocator, Uniform) else layer.budget
+            plans.append(self.policy.decode_select(view, budget) if view.n > budget else None)
+        self._apply(plans, views, "evict")
+
+    def _apply(self, plans: list, views: list[LayerView], reducer: str) -> None:
+        """Every layer reduced to its plan, all ending at one position: the longest layer starts at 0."""
+        if all(plan is None for plan in plans):
+            return
+        kept = [view.n if plan is None else plan.shape[-1] for plan, view in zip(plans, views, strict=True)]
+        end = max(kept)
+        for layer, plan, k in zip(self.layers, plans, kept, strict=True):
+            layer.apply(plan, reducer, end - k)
+
+    @property
+    def layer_budgets(self) -> list[int] | None:
+        """What each layer was last allocated (the nominal budgets before the first eviction)."""
+        if self.budgets is None:
+            return None
+        pairs = zip(self.layers, self.budgets, strict=True)
+        return [layer.budget if layer.budget is not None else b for layer, b in pairs]
 
     def pop_score_time(self) -> tuple[float, float]:
         """(score seconds, probe seconds) since the last call; probe time is measurement, not work."""
@@ -206,7 +349,10 @@ class StreamingCache(Cache):
 
     @property
     def kv_tokens(self) -> int:
-        return max((layer.get_seq_length() for layer in self.layers), default=0)
+        """Tokens per layer, averaged over layers (rounded up): with budgets that differ per layer this,
+        not the longest layer, is what the bytes and the nominal budget measure."""
+        lengths = [layer.get_seq_length() for layer in self.layers]
+        return -(-sum(lengths) // len(lengths)) if lengths else 0
 
     @property
     def kv_bytes(self) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .policies import ALLOCATORS, REDUCERS
 from .rope import rerotate
 from .store import Span, SpanStore
 
@@ -56,15 +57,18 @@ class Recall:
 
 def parse_policy(name: str) -> tuple[str, Recall | None]:
     """'inf_mllm+recall' → ('inf_mllm', Recall()); '+recall_keys' ranks by similarity alone, ignoring what the
-    question names; '+recall_oracle' / '+recall_random' are the references it is measured against."""
-    base, plus, extra = name.partition("+")
-    if not plus:
-        return base, None
+    question names; '+recall_oracle' / '+recall_random' are the references it is measured against. The
+    recall suffix comes last; the parts before it (an allocator, a reducer: 'inf_mllm+merge+recall')
+    stay in the policy name, which `policies.make_policy` reads."""
+    base, *parts = name.split("+")
     kinds = {"recall": {}, "recall_keys": {"named": False}, "recall_oracle": {"mode": "oracle"},
              "recall_random": {"mode": "random"}}
-    if extra not in kinds:
-        raise ValueError(f"unknown policy suffix {'+' + extra!r}; use {', '.join('+' + k for k in kinds)}")
-    return base, Recall(**kinds[extra])
+    recall = Recall(**kinds[parts.pop()]) if parts and parts[-1] in kinds else None
+    for part in parts:
+        if part not in ALLOCATORS and part not in REDUCERS:
+            raise ValueError(f"unknown policy suffix {'+' + part!r}; use {', '.join('+' + k for k in kinds)} (last), "
+                             f"a budget allocator ({', '.join(ALLOCATORS)}) or a reducer ({', '.join(REDUCERS)})")
+    return "+".join([base, *parts]), recall
 
 
 # --- storing a turn ---------------------------------------------------------------------------------
@@ -85,8 +89,9 @@ def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> S
     scoring = set(scoring_layers(recall, len(cache.layers)))
     for i, layer in enumerate(cache.layers):
         n = layer.get_seq_length()
-        k = layer.keys[0, :, n - length:]  # (H, L, d), at positions n-L..n-1
-        k = cache.rotations.rotate(k, torch.full((1, length), -(n - length), device=k.device)) if n > length else k
+        first = layer.start + n - length
+        k = layer.keys[0, :, n - length:]  # (H, L, d), at positions first..first+L-1
+        k = cache.rotations.rotate(k, torch.full((1, length), -first, device=k.device)) if first else k
         keys.append(k)
         values.append(layer.values[0, :, n - length:])
         if i not in scoring:

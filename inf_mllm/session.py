@@ -26,6 +26,13 @@ class TurnStats:
     decoded: int = 0
     recall_s: float = 0.0  # probe forward + scoring + linking, before the question's prefill
 
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode speed, the one definition (engine, app, benchmarks): the first answer token comes from the
+        question's prefill, whose time is the time to first token, so `decoded` tokens took `decoded - 1`
+        decode steps. 0.0 when there was none."""
+        return (self.decoded - 1) / self.decode_s if self.decoded > 1 and self.decode_s > 0 else 0.0
+
 
 class StreamSession:
     """`policy` may end in "+recall" (or "+recall_oracle", "+recall_random"): turns then go to a span
@@ -62,35 +69,43 @@ class StreamSession:
 
     @torch.inference_mode()
     def append(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
-               evict: bool = True, store: bool = True, meta: dict | None = None) -> torch.Tensor:
+               evict: bool = True, store: bool = True, meta: dict | None = None,
+               vision: tuple[int, int] | None = None) -> torch.Tensor:
         """Prefill one turn; returns its logits (B, L, V). Evicts afterwards unless evict=False.
 
         With recall, recalled spans leave first, and the turn goes to the store (unless store=False)
-        with `meta` (e.g. its clip index and video times) to report when it is recalled."""
+        with `meta` (e.g. its clip index and video times) to report when it is recalled. `vision`, the
+        (start, end) token span of the turn's visual tokens, tells the cache where the text after
+        them begins (VL-Cache's post-vision queries); optional."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("append takes exactly one of input_ids or inputs_embeds")
         self._end_answer()
         if self.recall is not None:
             recall_.unlink(self.cache)
-        return self._prefill(input_ids, inputs_embeds, evict, store, meta)
+        return self._prefill(input_ids, inputs_embeds, evict, store, meta, vision)
 
     def _end_answer(self) -> None:
         """A turn arrives while an answer is paused mid-generation: that answer ends here."""
         if self._decoding is not None:
             self._decoding.close()
 
-    def _prefill(self, input_ids, inputs_embeds, evict: bool, store: bool, meta: dict | None) -> torch.Tensor:
+    def _prefill(self, input_ids, inputs_embeds, evict: bool, store: bool, meta: dict | None,
+                 vision: tuple[int, int] | None = None) -> torch.Tensor:
+        held = int(self._pending is not None)
         input_ids, inputs_embeds = self._with_pending(input_ids, inputs_embeds)
         stats = TurnStats()
         t0 = time.perf_counter()
         kwargs = {"input_ids": input_ids} if input_ids is not None else {"inputs_embeds": inputs_embeds}
         self.cache.turn = self.turns
         marks = self.cache.mark()
+        self.cache.announce_vision(None if vision is None else vision[1] + held)
         try:
             out = self.model(**kwargs, past_key_values=self.cache, use_cache=True)
         except BaseException:  # a turn that fails (out of memory, Ctrl-C) leaves the session as it was
             self.cache.rollback(marks)
             raise
+        finally:
+            self.cache.vision_end = None
         self._pending = None
         t1 = time.perf_counter()
         if self.recall is not None and store:
@@ -170,9 +185,9 @@ class StreamSession:
                 self.model(input_ids=ids, past_key_values=self.cache, use_cache=True)
             keys = []
             for i in layers:
-                n = marks[i][0]
+                n, start = marks[i][0], marks[i][3]
                 k = self.cache.layers[i].keys[0, :, n:]
-                keys.append(rerotate(k, -(n + torch.arange(k.shape[1], device=k.device)), self.cache.inv_freq))
+                keys.append(rerotate(k, -(start + n + torch.arange(k.shape[1], device=k.device)), self.cache.inv_freq))
             return keys
         finally:
             self.cache.probe_layers = None
@@ -207,24 +222,24 @@ class StreamSession:
     def _decode(self, logits, done, eos_ids, filler, max_new_tokens, do_sample, temperature, top_p, generator):
         token = None
         try:
-            with self.cache.decoding():
-                for step in range(max_new_tokens):
-                    t0 = time.perf_counter()
-                    token = _pick(logits, do_sample, temperature, top_p, generator)
-                    token = torch.where(done, token.new_full(token.shape, filler), token)
-                    done |= torch.isin(token, eos_ids)
-                    self.last.decoded = step + 1
-                    self.last.decode_s += time.perf_counter() - t0
-                    yield token
-                    if bool(done.all()) or step == max_new_tokens - 1:
-                        break
-                    t0 = time.perf_counter()
+            for step in range(max_new_tokens):
+                t0 = time.perf_counter()
+                token = _pick(logits, do_sample, temperature, top_p, generator)
+                token = torch.where(done, token.new_full(token.shape, filler), token)
+                done |= torch.isin(token, eos_ids)
+                self.last.decoded = step + 1
+                self.last.decode_s += time.perf_counter() - t0
+                yield token
+                if bool(done.all()) or step == max_new_tokens - 1:
+                    break
+                t0 = time.perf_counter()
+                with self.cache.decode_step():  # this forward only: nothing is held while the answer pauses
                     out = self.model(input_ids=token[:, None], past_key_values=self.cache, use_cache=True)
-                    token = None  # in the cache now
-                    self.seen += 1
-                    logits = out.logits[:, -1]
-                    self.cache.step()
-                    self.last.decode_s += time.perf_counter() - t0
+                token = None  # in the cache now
+                self.seen += 1
+                logits = out.logits[:, -1]
+                self.cache.step()
+                self.last.decode_s += time.perf_counter() - t0
         finally:
             self._decoding = None
             if token is not None:

@@ -97,7 +97,9 @@ class VideoAdapter(ABC):
         """The model-thread half: put `encode`'s output into the session (here: as a clip turn); with
         recall the turn is stored under its clip index and video times."""
         meta = {"clip": index, "start": round(start_s, 3), "end": round(end_s if end_s is not None else start_s, 3)}
-        session.append(inputs_embeds=self.clip_turn(visual, index, start_s), meta=meta)
+        before = self.text_ids(self.clip_text(index, start_s)[0]).shape[-1]  # where the visual tokens sit (VL-Cache)
+        session.append(inputs_embeds=self.clip_turn(visual, index, start_s), meta=meta,
+                       vision=(before, before + visual.shape[0]))
 
     def add_clip(self, session: StreamSession, frames: np.ndarray, timestamps: Sequence[float], index: int) -> None:
         visual = self.encode(frames, timestamps)

@@ -263,7 +263,7 @@ def _run(args, out) -> int:
         base, _ = parse_policy(args.policy)
     except ValueError as err:
         raise UsageError(f"--policy {args.policy}: {err}") from err
-    if base not in POLICIES:
+    if base.split("+")[0] not in POLICIES:  # base may name an allocator and a reducer: inf_mllm+vl_cache_budgets+merge
         raise UsageError(f"unknown policy {base!r}; available: {', '.join(POLICIES)} (each may end in +recall)")
     if name not in ADAPTERS:
         raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")

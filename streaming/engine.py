@@ -264,7 +264,7 @@ class TurnEngine:
             turn = a.describe().visual_tokens + len(a.text_ids("".join(a.clip_text(1, 0.0)))[0])
             ask = len(a.text_ids(a.question_text("what is the color of the shape?"))[0])
             policy = self.session.cache.policy
-            self._min_budget = max(turn + ask, getattr(policy, "window", 0) + getattr(policy, "sinks", 0) + 1)
+            self._min_budget = max(turn + ask, policy.min_budget() + 1)
         return self._min_budget
 
     def _shrink(self) -> None:
@@ -273,15 +273,10 @@ class TurnEngine:
         from inf_mllm.policies import make_policy
 
         cache = self.session.cache
-        fallback = make_policy("streaming_llm")
+        # window scores are cleared at each eviction and stale once answer tokens came in
+        fresh = all(layer.can_select(cache.policy) for layer in cache.layers if layer.is_initialized)
         with torch.inference_mode():
-            for layer, budget in zip(cache.layers, cache.budgets, strict=True):
-                n = layer.get_seq_length() if layer.is_initialized else 0
-                if n <= budget:
-                    continue
-                scores = layer.window_scores  # cleared at each eviction; stale once answer tokens came in
-                fresh = cache.policy.observe != "window" or (scores is not None and scores.shape[-1] == n)
-                layer.evict(cache.policy if fresh else fallback, budget)
+            cache.evict(None if fresh else make_policy("streaming_llm"))
 
     def _ask(self, question: Question, extra: dict):
         """The question's prefill, retried with a tighter budget after an out-of-memory error."""
@@ -310,12 +305,10 @@ class TurnEngine:
             if on_token:
                 on_token(question, piece)
         end = time.perf_counter()
-        n = self.session.last.decoded
         first = first or end
-        decode = self.session.last.decode_s
         return Answer(
             video_t=self.video_t, question=question.text, answer="".join(pieces).strip(), ttft_s=first - t0,
-            tokens_per_s=n / decode if decode else 0.0, kv_tokens=self.session.kv_tokens,
+            tokens_per_s=self.session.last.tokens_per_s, kv_tokens=self.session.kv_tokens,
             kv_mb=self.session.kv_bytes / 2**20, rss_mb=psutil.Process().memory_info().rss / 2**20,
             recalled=[{k: meta[k] for k in ("clip", "start", "end") if k in meta}
                       for _, meta in self.session.last_recalled])

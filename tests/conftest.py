@@ -1,5 +1,9 @@
-import pytest
-import torch
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP, as `streaming` does
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 torch.set_num_threads(2)
 

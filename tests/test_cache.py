@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from inf_mllm import POLICIES, StreamingCache, StreamSession
+from inf_mllm.policies import Uniform
 
-BOUNDED = [p for p in POLICIES if p != "full"]
+# policies whose layers all keep the same budget (those with per-layer allocators: tests/test_policy_matrix.py)
+BOUNDED = [p for p in POLICIES if p != "full" and POLICIES[p].default_allocator is Uniform]
 SMALL = {"inf_mllm": {"window": 16}, "inf_mllm_plus": {"window": 16}}
 
 

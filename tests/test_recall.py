@@ -27,7 +27,8 @@ TURNS = ["The red fox jumps over the fence.\n", "Paris is the capital of France.
 
 def streamed(smol, policy="inf_mllm+recall", budget=4096, store=None, **kw):
     model, tok = smol
-    session = StreamSession(model, tok, policy, budget=budget, window=16, store=store, **kw)
+    window = {} if policy == "full" else {"window": 16}  # a policy without a window refuses the option
+    session = StreamSession(model, tok, policy, budget=budget, store=store, **window, **kw)
     for i, text in enumerate(TURNS):
         session.append(ids_of(tok, text), meta={"line": i})
     return session

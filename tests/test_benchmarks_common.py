@@ -1,0 +1,117 @@
+"""The benchmark harness (benchmarks/common.py) against hand-computed cases."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from benchmarks import common
+from benchmarks.common import (
+    Plan,
+    RoundTimer,
+    clip_to_context,
+    config_for,
+    evict_share,
+    fraction_of_full,
+    plans,
+    policy_configs,
+    policy_names,
+    tokens_per_s,
+)
+
+
+def test_plans_run_the_full_cache_once_clipped_at_the_context_then_each_policy_per_budget():
+    got = plans(["full", "window", "inf_mllm"], [128, 512], length=4096, context=2048)
+    assert [(p.policy, p.budget, p.length) for p in got] == [
+        ("full", None, 2048), ("window", 128, 4096), ("inf_mllm", 128, 4096), ("window", 512, 4096),
+        ("inf_mllm", 512, 4096)]
+    assert got[0].cfg == {} and got[1].cfg == {}
+    assert got[2].cfg == {"window": 32, "bias": 0.01}  # window capped at a quarter of the budget
+    assert got[4].cfg == {"window": 64, "bias": 0.01}
+    assert [p.policy for p in plans(["window", "inf_mllm"], [128])] == ["window", "inf_mllm"]  # no full asked
+    assert [p.policy for p in plans(["full", "window"], [128], full=False)] == ["window"]
+    assert plans(["full"], [128])[0].length is None  # no length: nothing to clip
+    assert Plan("h2o", 64).key == ("h2o", 64)
+
+
+def test_clip_to_context():
+    assert clip_to_context(4096, 2048) == 2048
+    assert clip_to_context(1024, 8192) == 1024
+    assert clip_to_context(8192, 8192, reserve=5 * (32 + 16)) == 7952  # latency: room for its question rounds
+    assert clip_to_context(65536, None) == 65536
+
+
+def test_evict_share():
+    assert evict_share(0.10, 0.05, 1.0) == pytest.approx(0.15)
+    assert evict_share(0.0, 0.0, 0.25) == 0.0
+    assert math.isnan(evict_share(0.1, 0.0, 0.0))
+
+
+def test_tokens_per_s_counts_decode_steps_only():
+    # 5 tokens: the first from the question's prefill, 4 from decode steps taking 2 s
+    assert tokens_per_s(5, 2.0) == pytest.approx(2.0)
+    assert tokens_per_s(17, 0.4) == pytest.approx(40.0)
+    assert tokens_per_s(1, 0.3) == 0.0  # the prefill's token alone: no decode step
+    assert tokens_per_s(0, 0.0) == 0.0
+
+
+def test_fraction_of_full():
+    assert fraction_of_full(0.9, 1.0) == pytest.approx(0.9)
+    assert fraction_of_full(0.5, 0.4) == pytest.approx(1.25)  # a policy may beat the full cache
+    assert fraction_of_full(80.0, 76.0, lower_is_better=True) == pytest.approx(0.95)  # perplexity: full / policy
+    assert math.isnan(fraction_of_full(0.3, 0.0))
+
+
+class _Cache:
+    def __init__(self, pops):
+        self.pops = list(pops)
+
+    def pop_score_time(self):
+        return self.pops.pop(0)
+
+
+def test_round_timer_takes_the_probe_out(monkeypatch):
+    clock = iter([10.0, 10.5, 11.0, 11.0])
+    monkeypatch.setattr(common.time, "perf_counter", lambda: next(clock))
+    # pops: before the round (discarded), after the turn (score 0.05 s, probe 0.1 s), after decoding (probe 0.2 s)
+    session = SimpleNamespace(cache=_Cache([(9.0, 9.0), (0.05, 0.1), (0.0, 0.2)]),
+                              last=SimpleNamespace(evict_s=0.02))
+    timer = RoundTimer(session)  # t0 = 10.0
+    assert timer.turn() == pytest.approx(0.4)  # at 10.5, less the 0.1 s probe
+    assert timer.lap() == pytest.approx(0.7)  # at 11.0, less both probes
+    assert timer.lap_probe_s == pytest.approx(0.2)  # the decode's own probe (latency's decode time)
+    assert timer.share(0.7) == pytest.approx((0.02 + 0.05) / 0.7)
+
+
+def test_policy_list_comes_from_the_registry():
+    from inf_mllm import policies
+
+    names = policy_names()
+    assert names[:len(policies.POLICIES)] == list(policies.POLICIES)
+    assert set(getattr(policies, common.COMBINATIONS_ATTR, ())) <= set(names)
+    assert policy_names(recall=True)[-len(common.RECALL_POLICIES):] == list(common.RECALL_POLICIES)
+    assert policy_names(["inf_mllm", "full", "inf_mllm+typo"]) == ["full", "inf_mllm", "inf_mllm+typo"]
+
+
+def test_existing_configurations_are_unchanged():
+    """The committed results were made with these options; the harness must keep giving them."""
+    old = {"full": {}, "window": {}, "streaming_llm": {"sinks": 4}, "h2o": {"recent_ratio": 0.5},
+           "inf_mllm": {"window": 64, "bias": 0.01}, "inf_mllm_plus": {"window": 64, "bias": 1.0}}
+    got = policy_configs(list(old), budget=1024)
+    assert got == old and list(got) == list(old)
+    assert policy_configs(["inf_mllm"], budget=128) == {"inf_mllm": {"window": 32, "bias": 0.01}}
+    recall = policy_configs(["inf_mllm+recall_oracle"], budget=512, recall=True)
+    assert recall == {"inf_mllm+recall_oracle": {"window": 64, "bias": 0.01}}
+    assert config_for("inf_mllm+vl_cache_budgets+merge", 256) == {"window": 64, "bias": 0.01}  # the scorer's
+    assert config_for("streaming_llm", 64) == {"sinks": 4}
+
+
+def test_plot_draws_marks_for_a_summary_metric(tmp_path):
+    """video_qa's plot: per-round curves, summary records left out, the capped cache's OOM round as a line."""
+    records = [common.record("video_qa", p, 512, "kv_mb", v * k, k)
+               for p, v in (("full_capped", 2.0), ("inf_mllm", 1.0)) for k in range(1, 6)]
+    records += [common.record("video_qa", "full_capped", 512, "oom_round", 4, 5),
+                common.record("video_qa", "inf_mllm", 512, "kv_mb", 3.0, "5r all rounds")]
+    path = tmp_path / "plot.png"
+    common.plot(path, "video_qa", records, ["kv_mb"], x_label="round", vlines={"oom_round": "out of memory"})
+    assert path.stat().st_size > 0
