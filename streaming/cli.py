@@ -19,8 +19,7 @@ from .memory import tune_allocator
 from .questions import MAX_QUESTION_CHARS, Question, QuestionError, Schedule, check_times, every, parse_ask, read_file
 from .sources import bundled_clip, open_source
 
-DEFAULT_QUESTIONS = ("what is the color of the shape? @4s", "In clip 1, is there a circle? @8s",
-                     "what shape is in the image? @10s")
+DEFAULT_QUESTIONS = ("what is in the video? @4s", "is there a bicycle? @8s", "In clip 1, what did you see? @10s")
 EXIT_BAD_INPUT, EXIT_SOAK_FAILED, EXIT_INTERRUPTED = 2, 3, 130
 
 

@@ -99,6 +99,7 @@ def test_committed_weights_record_config_hash_and_metrics():
     metrics = json.loads((weights / "metrics.json").read_text())
     assert len(config["data"]["easy_vqa_train_sha256"]) == 64
     assert {"all", "colour", "shape", "yes/no", "ctx2", "ctx4", "ctx8"} <= set(metrics)
+    assert config["labels"] == "text" and {"labels_what", "labels_is", "labels_which", "labels_ctx8"} <= set(metrics)
     assert (weights / "tiny_vlm.safetensors").stat().st_size < 10 * 2**20
 
 
@@ -126,7 +127,8 @@ def test_answers_about_a_real_frame_in_a_streaming_session(vlm):
     hits = [vlm.answer(session, f"In clip {i}, {q.text}") == q.answer for i, q in enumerate(qs, start=1)]
     assert hits[-1]  # the latest clip is inside the budget: its shape must be named
     info = vlm.describe()
-    assert (info.visual_tokens, info.per, info.hidden_size) == (GRID * GRID, "clip", 576)
+    # 16 visual tokens, then at most 16 of label text
+    assert (info.visual_tokens, info.per, info.hidden_size) == (GRID * GRID + 16, "clip", 576)
 
 
 def test_models_list():
@@ -140,27 +142,29 @@ def held_out_accuracy(vlm):
     from models.tiny_vlm.data import features
     from models.tiny_vlm.episodes import EpisodeBuilder
     from models.tiny_vlm.evaluate import evaluate
+    from models.tiny_vlm.scenes import easy_labels
 
-    return evaluate(vlm, EpisodeBuilder(vlm, features("test")), n=300, contexts=(8,), progress=False)
+    builder = EpisodeBuilder(vlm, features("test"), easy_labels("test"))  # clip turns with their labels
+    return evaluate(vlm, builder, n=300, contexts=(8,), progress=False)
 
 
 @pytest.mark.slow
 def test_accuracy_does_not_fall_below_the_committed_model(held_out_accuracy):
     """A floor a little under what the committed weights measured (see benchmarks/results/README.md)."""
     acc = held_out_accuracy
-    assert acc["all"] >= 0.88 and acc["yes/no"] >= 0.86, acc
-    assert acc["colour"] >= 0.95 and acc["shape"] >= 0.95 and acc["ctx8"] >= 0.74, acc
+    assert acc["all"] >= 0.96 and acc["yes/no"] >= 0.95, acc
+    assert acc["colour"] >= 0.97 and acc["shape"] >= 0.97 and acc["ctx8"] >= 0.70, acc
 
 
 @pytest.mark.slow
 def test_single_image_accuracy_goals_on_held_out_questions(held_out_accuracy):
     acc = held_out_accuracy
-    assert acc["all"] >= 0.90, acc
-    assert min(acc["colour"], acc["shape"], acc["yes/no"]) >= 0.85, acc
+    assert acc["all"] >= 0.93, acc
+    assert min(acc["colour"], acc["shape"], acc["yes/no"]) >= 0.90, acc
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue goal not met yet: with 8 images in context, 300 questions gave 0.803 "
-                   "(see benchmarks/results/README.md)")
+@pytest.mark.xfail(strict=True, reason="issue goal not met yet: with 8 images in context, 1,000 questions gave "
+                   "0.770 (H100) and these 300 gave 0.747 (CPU); see benchmarks/results/README.md")
 def test_eight_images_in_context_goal_on_held_out_questions(held_out_accuracy):
     assert held_out_accuracy["ctx8"] >= 0.85, held_out_accuracy

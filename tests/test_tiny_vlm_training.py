@@ -81,3 +81,36 @@ def test_caption_stage_puts_an_images_colour_and_shape_words_on_its_tokens():
         top = vlm.projector.word_logits(torch.stack([features("test")[i].float() for i in images])).argmax(-1)
     named = sum(set(caption.words[i]) <= set(row.tolist()) for i, row in zip(images, top, strict=True))
     assert named >= 0.9 * len(images)  # some token of the image is its colour word, another its shape word
+
+
+def test_scene_episodes_ask_about_the_labels_of_scene_clips():
+    from models.tiny_vlm.data import group_by_image
+    from models.tiny_vlm.labels import listing, names
+    from models.tiny_vlm.scenes import SceneMix, sample_scene_episode
+
+    qs = questions("test")
+    by_image = group_by_image(qs)
+    frames = {100_000 + k: (k,) for k in range(8)}  # scene frames with their own labels
+    image_labels = {i: () for i in by_image}
+    rng = random.Random(0)
+    label_answers = easy_answers = dropped = clips = 0
+    for _ in range(200):
+        episode = sample_scene_episode(rng, by_image, image_labels, frames, rng.choice([1, 4, 8]),
+                                       SceneMix(share=0.5), max_first=50,
+                                       type_weights={"yes/no": 0.5, "colour": 0.25, "shape": 0.25})
+        content = [t for t in episode.turns if t[0] == "clip"]
+        clips += len(content)
+        dropped += sum(t[2] is None for t in content)
+        for t in content:
+            assert t[2] is None or all(0 <= i < len(names()) for i in t[2])
+        for t in episode.turns:
+            if t[0] != "ask":
+                continue
+            if t[2] in COLOURS + SHAPES:
+                easy_answers += 1
+            elif t[2] not in ("yes", "no"):
+                label_answers += 1
+                named = [listing((i,)) for c in content if c[2] for i in c[2]]
+                assert t[2] == "nothing recognised" or t[2].startswith("no ") or any(n in t[2] for n in named), t
+    assert label_answers > 50 and easy_answers > 50
+    assert 0.02 < dropped / clips < 0.3  # some easy-VQA clips have no label text, like other adapters' turns

@@ -83,19 +83,26 @@ class FrameEncoder:
         self.device = device
         self.net = load_backbone().to(device)
 
-    @torch.no_grad()
     def __call__(self, frames, batch: int = 32) -> torch.Tensor:
+        return self.encode(frames, batch)[0]
+
+    @torch.no_grad()
+    def encode(self, frames, batch: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+        """(T, GRID², FEATURE_DIM) features and (T, 1000) ImageNet class probabilities from the backbone's
+        own head, both from one forward pass."""
         frames = torch.as_tensor(np.require(frames, requirements=["C", "W"]))  # copies only read-only input
         if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != torch.uint8:
             raise ValueError(f"frames must be uint8 (T, H, W, 3), got {tuple(frames.shape)} {frames.dtype}")
-        out = []
+        out, probs = [], []
         for chunk in frames.split(batch):
             x = chunk.permute(0, 3, 1, 2).to(self.device)
             img = F.interpolate(x.float() / 255, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", antialias=True)
             feats = self.net.extract_features((img - MEAN.to(self.device)) / STD.to(self.device))
+            logits = self.net._fc(feats.mean(dim=(2, 3)))  # the classifier's head (its dropout is off in eval)
+            probs.append(torch.softmax(logits.float(), dim=-1).cpu())
             pooled = F.adaptive_avg_pool2d(feats, GRID).flatten(2).transpose(1, 2)  # (t, 16, 1280)
             small = _downsample(x.cpu())  # both histograms share one downsampled frame and its bins
             bins = _bins(small)
             foreground = _foreground_histograms(small, bins)[:, None].expand(-1, GRID * GRID, -1)
             out.append(torch.cat([pooled.float().cpu(), _patch_histograms(bins), foreground], dim=-1))
-        return torch.cat(out)
+        return torch.cat(out), torch.cat(probs)

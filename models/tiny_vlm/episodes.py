@@ -12,27 +12,42 @@ IGNORE = -100
 
 
 class EpisodeBuilder:
-    def __init__(self, vlm, features: dict[int, torch.Tensor]):
-        self.vlm, self.features = vlm, features
+    """`labels`: image id → its classifier labels, for clip turns that do not carry their own
+    (("clip", id) rather than ("clip", id, labels)); a clip turn with labels None has no label text."""
+
+    def __init__(self, vlm, features: dict[int, torch.Tensor], labels: dict[int, tuple] | None = None):
+        self.vlm, self.features, self.labels = vlm, features, labels or {}
         self.eos = vlm.model.generation_config.eos_token_id
         if isinstance(self.eos, (list, tuple)):
             self.eos = self.eos[0]
+        self._label_cache: dict[tuple, torch.Tensor] = {}
         self._ids = lru_cache(maxsize=None)(lambda text: vlm.tokenizer(text, add_special_tokens=False).input_ids)
 
     def pieces(self, turns, with_answers: bool = True, first: int = 1):
-        """[(kind, payload)]: ("text", ids), ("visual", image id), ("answer", ids) in stream order."""
+        """[(kind, payload)]: ("text", ids), ("visual", image id), ("labels", class ids), ("answer", ids)
+        in stream order."""
         out = [("text", self._ids(self.vlm.system_text()))]
         clip = first - 1
         for turn in turns:
             if turn[0] == "clip":
                 clip += 1
                 before, after = self.vlm.clip_text(clip, 0.0)
-                out += [("text", self._ids(before)), ("visual", turn[1]), ("text", self._ids(after))]
+                labels = turn[2] if len(turn) > 2 else self.labels.get(turn[1], ())
+                out += [("text", self._ids(before)), ("visual", turn[1])]
+                if labels is not None and getattr(self.vlm, "label_mode", "none") != "none":
+                    out.append(("labels", tuple(labels)))
+                out.append(("text", self._ids(after)))
             else:
                 out.append(("text", self._ids(self.vlm.question_text(turn[1]))))
                 if with_answers:
                     out.append(("answer", self._ids(turn[2]) + [self.eos]))
         return out
+
+    def _labels(self, labels: tuple) -> torch.Tensor:
+        if labels not in self._label_cache:
+            with torch.no_grad():
+                self._label_cache[labels] = self.vlm.label_embeddings(labels)
+        return self._label_cache[labels]
 
     def visual(self, images) -> dict[int, torch.Tensor]:
         """image id → (tokens, hidden) visual embeddings, projected in one call (the vocabulary-wide
@@ -58,6 +73,11 @@ class EpisodeBuilder:
                 vis = visual[payload]
                 chunks.append(vis)
                 targets += [IGNORE] * vis.shape[0]
+                continue
+            if kind == "labels":
+                lab = self._labels(payload)
+                chunks.append(lab)
+                targets += [IGNORE] * lab.shape[0]
                 continue
             ids = torch.tensor(payload, device=self.vlm.device)
             chunks.append(embed_tokens(ids))

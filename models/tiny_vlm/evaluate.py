@@ -72,3 +72,36 @@ def evaluate(vlm, builder, n: int = 1000, contexts=(2, 4, 8), seed: int = 0, bat
             bar.update(len(asked))
     bar.close()
     return {key: sum(v) / len(v) for key, v in hits.items()}
+
+
+def evaluate_labels(vlm, builder, frames: dict[int, tuple], n: int = 300, contexts=(1, 8), seed: int = 1,
+                    batch: int = 16, progress: bool = True) -> dict:
+    """Questions answered from clip labels on held-out scene frames (`scenes.scene_frames("test")`, whose
+    features `builder` must hold): {"labels_what", "labels_is", "labels_which": accuracy with one clip,
+    "labels_ctxK": with K clips, the question naming one}. Three in four clips carry a random label set,
+    the others their frame's own labels."""
+    from .scenes import label_question, named_text, random_labels
+
+    rng = random.Random(seed)
+    hits: dict[str, list[bool]] = defaultdict(list)
+    ids = sorted(frames)
+    bar = tqdm(total=n * len(contexts), desc="tiny-vlm label eval", unit="q", disable=not progress)
+    for k in contexts:
+        rows = []
+        for _ in range(n):
+            content = []
+            for _ in range(k):
+                frame = rng.choice(ids)
+                content.append((frame, random_labels(rng) if rng.random() < 0.75 else frames[frame]))
+            j = rng.randrange(k)
+            text, answer, kind = label_question(rng, content[j][1])
+            turns = [("clip", f, labels) for f, labels in content]
+            rows.append((turns + [("ask", text if k == 1 else named_text(text, j + 1), answer)], kind))
+        for start in range(0, n, batch):
+            chunk = rows[start:start + batch]
+            items = builder.embed_batch([builder.pieces(turns) for turns, _ in chunk])
+            for (_, kind), ok in zip(chunk, _correct(vlm, *pad_batch(items)), strict=True):
+                hits[f"labels_{kind}" if k == 1 else f"labels_ctx{k}"].append(ok)
+            bar.update(len(chunk))
+    bar.close()
+    return {key: sum(v) / len(v) for key, v in hits.items()}

@@ -19,8 +19,11 @@ from inf_mllm import AssetError, load_model
 
 from ..base import AdapterInfo, VideoAdapter
 from .encoder import FEATURE_DIM, GRID, PARTS
+from .labels import MAX_LABELS, clip_labels, display, label_text
 
 WEIGHTS = Path(__file__).parent / "weights"
+LABEL_MODES = ("text", "pooled", "none")
+LABEL_TOKENS = 16  # the most tokens a clip's label text takes (the longest single label takes 15)
 SYSTEM = "<|im_start|>system\nYou watch a video clip by clip and answer questions about it in one word.<|im_end|>"
 
 
@@ -76,7 +79,7 @@ def merge_lora(model: nn.Module, tensors: dict[str, torch.Tensor], scale: float)
         name = key[: -len(".lora_A")]
         b = tensors[f"{name}.lora_B"]
         weight = modules[name].weight
-        weight.data += scale * (b.float() @ a.float()).to(weight.dtype)
+        weight.data += scale * (b.float() @ a.float()).to(weight.device, weight.dtype)
         merged += 1
     return merged
 
@@ -87,8 +90,11 @@ class TinyTurns:
     def system_text(self) -> str:
         return SYSTEM
 
+    end_anchor = False  # weights trained with "End of clip N." closing each clip turn (config `clip_end_anchor`)
+
     def clip_text(self, index: int, start_s: float = 0.0) -> tuple[str, str]:
-        return f"\n<|im_start|>user\nClip {index}:", "<|im_end|>"
+        end = f" End of clip {index}." if self.end_anchor else ""
+        return f"\n<|im_start|>user\nClip {index}:", f"{end}<|im_end|>"
 
     def question_text(self, question: str) -> str:
         return f"\n<|im_start|>user\n{question.strip()}<|im_end|>\n<|im_start|>assistant\n"
@@ -98,11 +104,19 @@ class TinyVLM(TinyTurns, VideoAdapter):
     name = "tiny-vlm"
 
     def __init__(self, weights: str | Path = WEIGHTS, device: str = "cpu", trained: bool = True,
-                 snap_to_vocabulary: bool = True):
+                 snap_to_vocabulary: bool = True, labels: str = "text", clip_end_anchor: bool = False):
         self.model, self.tokenizer = load_model("smollm2", device=device)
-        self.config: dict = {"snap_to_vocabulary": snap_to_vocabulary}
+        self.config: dict = {"snap_to_vocabulary": snap_to_vocabulary, "labels": labels,
+                             "clip_end_anchor": clip_end_anchor}
         if trained:
             self.config = self._read_config(Path(weights))
+        # what the classifier recognised goes into each clip turn: "text" (the words, as text tokens),
+        # "pooled" (one token per class: the mean of its name's word embeddings) or "none" (weights
+        # trained before labels existed)
+        self.label_mode = self.config.get("labels", "none")
+        self.end_anchor = bool(self.config.get("clip_end_anchor", False))
+        if self.label_mode not in LABEL_MODES:
+            raise AssetError(f"tiny-vlm config.json: unknown labels mode {self.label_mode!r}")
         self.projector = self._projector(self.config.get("snap_to_vocabulary", False)).to(device).eval()
         if trained:
             self._load(Path(weights))
@@ -139,18 +153,58 @@ class TinyVLM(TinyTurns, VideoAdapter):
         with torch.no_grad():
             merge_lora(self.model, lora, self.config.get("lora_alpha", 1) / max(self.config.get("lora_rank", 1), 1))
 
+    # --- labels -------------------------------------------------------------------------------
+
+    def fit_labels(self, labels: Sequence[int]) -> tuple[int, ...]:
+        """The labels whose text fits in `LABEL_TOKENS` (least confident dropped first; one always fits), so
+        a clip turn stays within 16 + LABEL_TOKENS embeddings and small budgets still hold a turn."""
+        labels = tuple(labels)
+        while self.label_mode == "text" and len(labels) > 1 and self._tokens(label_text(labels)) > LABEL_TOKENS:
+            labels = labels[:-1]
+        return labels
+
+    def _tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)
+
+    def label_embeddings(self, labels: Sequence[int]) -> torch.Tensor:
+        """(n, hidden) input embeddings of a clip's labels (after `fit_labels`), in this model's label mode."""
+        labels = self.fit_labels(labels)
+        embed = self.model.get_input_embeddings()
+        if self.label_mode == "text":
+            return embed(self.text_ids(label_text(labels)))[0]
+        words = [display(i) for i in labels] or ["nothing recognised"]
+        return torch.stack([embed(self.text_ids(" " + w))[0].mean(dim=0) for w in words])
+
+    def max_label_tokens(self) -> int:
+        """The most label embeddings a clip turn carries (0 for weights trained without labels)."""
+        return {"none": 0, "pooled": MAX_LABELS, "text": LABEL_TOKENS}[self.label_mode]
+
     # --- VideoAdapter -------------------------------------------------------------------------
 
     @torch.no_grad()
+    def encode_parts(self, frames: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The clip's 16 visual tokens (frames averaged over time) and its frames' (T, 1000) ImageNet class
+        probabilities, from one pass of the backbone."""
+        feats, probs = self.encoder.encode(frames)
+        return self.project(feats.mean(dim=0)), probs
+
+    def clip_embeddings(self, visual: torch.Tensor, labels: Sequence[int]) -> torch.Tensor:
+        """The visual tokens followed by the embeddings of the clip's labels (none with old weights)."""
+        if self.label_mode == "none":
+            return visual
+        return torch.cat([visual, self.label_embeddings(labels).to(visual.device, visual.dtype)])
+
+    @torch.no_grad()
     def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> torch.Tensor:
-        """Frames of one clip are averaged over time: GRID² = 16 visual tokens per clip."""
-        feats = self.encoder(frames).mean(dim=0)
-        return self.project(feats)
+        """GRID² = 16 visual tokens per clip, followed by the embeddings of its labels (see `labels.py`):
+        the labels travel with the visual tokens, so every turn-building path puts them in the clip turn."""
+        visual, probs = self.encode_parts(frames)
+        return self.clip_embeddings(visual, clip_labels(probs))
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         return self.projector(features.to(self.device, torch.float32))
 
     def describe(self) -> AdapterInfo:
         cfg = self.model.config
-        return AdapterInfo(self.name, GRID * GRID, "clip", str(self.model.dtype), str(self.device),
-                           cfg.max_position_embeddings, cfg.hidden_size)
+        return AdapterInfo(self.name, GRID * GRID + self.max_label_tokens(), "clip", str(self.model.dtype),
+                           str(self.device), cfg.max_position_embeddings, cfg.hidden_size)

@@ -1,0 +1,142 @@
+"""What EfficientNet-Lite0's own ImageNet head recognises in a clip, as words for the clip's turn.
+
+The frozen encoder is an ImageNet classifier: its head names 1,000 real things. A clip's labels are
+the top classes of each of its frames whose probability passes `THRESHOLD`, merged over the frames
+(highest probability first, each class once, at most `MAX_LABELS`). They go into the clip turn as
+text ("Seen: Egyptian Mau (cat), espresso (coffee)."), so they sit in the KV cache with the clip and
+every eviction policy treats them as part of it. A class gets an everyday word beside its ImageNet
+name ("mountain bike (bicycle)") when it has one here, so "is there a bicycle?" can be answered
+from the text.
+
+`imagenet_classes.txt` holds the 1,000 class names in the classifier's output order (the short
+names torchvision uses; copied from Gradio's bundled `media_assets/data/imagenet_labels.json`,
+Apache-2.0).
+"""
+
+import re
+from functools import cache, lru_cache
+from pathlib import Path
+
+import torch
+
+THRESHOLD = 0.1  # a frame's class probability must reach this to be named
+PER_FRAME = 3  # classes looked at per frame
+MAX_LABELS = 3  # classes named per clip
+NOTHING = "nothing recognised"
+
+
+@lru_cache(maxsize=1)
+def names() -> tuple[str, ...]:
+    rows = (Path(__file__).parent / "imagenet_classes.txt").read_text().splitlines()
+    assert len(rows) == 1000, len(rows)
+    return tuple(rows)
+
+
+def _ids(*items) -> set[int]:
+    """Class ids from names and (first, last) ranges; an unknown name is a bug in the tables below."""
+    index = {n: i for i, n in enumerate(names())}
+    out: set[int] = set()
+    for item in items:
+        if isinstance(item, tuple):
+            out.update(range(item[0], item[1] + 1))
+        else:
+            out.add(index[item])
+    return out
+
+
+@lru_cache(maxsize=1)
+def general_words() -> dict[int, str]:
+    """class id → the everyday word for it, where ImageNet's name is a breed, a model or a kind."""
+    table = {
+        "dog": _ids((151, 268)),
+        "cat": _ids((281, 285)),
+        "bird": _ids((7, 24), (80, 100), (127, 146)),
+        "fish": _ids((0, 6), (389, 397)),
+        "butterfly": _ids((321, 326)),
+        "monkey": _ids((369, 384)),
+        "bicycle": _ids("mountain bike", "tandem bicycle"),
+        "car": _ids("station wagon", "taxicab", "convertible", "jeep", "limousine", "minivan", "Model T",
+                    "race car", "sports car", "police van", "ambulance"),
+        "truck": _ids("garbage truck", "pickup truck", "tow truck", "semi-trailer truck", "fire engine", "moving van"),
+        "motorcycle": _ids("moped", "scooter"),
+        "bus": _ids("minibus", "school bus", "trolleybus"),
+        "boat": _ids("canoe", "catamaran", "fireboat", "gondola", "lifeboat", "motorboat", "trimaran", "yawl",
+                     "schooner", "container ship", "ocean liner", "pirate ship"),
+        "airplane": _ids("airliner", "military aircraft"),
+        "train": _ids("high-speed train", "electric locomotive", "steam locomotive", "freight car"),
+        "rocket": _ids("missile", "projectile", "space shuttle"),
+        "camera": _ids("Polaroid camera", "reflex camera"),
+        "clock": _ids("analog clock", "digital clock", "wall clock"),
+        "coffee": _ids("espresso"),
+        "cup": _ids("coffee mug", "measuring cup"),
+        "fruit": _ids("Granny Smith", "strawberry", "orange", "lemon", "fig", "pineapple", "banana", "jackfruit",
+                      "custard apple", "pomegranate"),
+    }
+    return {i: word for word, ids in table.items() for i in ids}
+
+
+@lru_cache(maxsize=1)
+def categories() -> dict[str, frozenset[int]]:
+    """What "what animal / vehicle / food did you see?" asks about."""
+    general = general_words()
+    vehicles = {i for i, w in general.items() if w in ("bicycle", "car", "truck", "motorcycle", "bus", "boat",
+                                                        "airplane", "train")}
+    return {"animal": frozenset(range(398)), "vehicle": frozenset(vehicles),
+            "food": frozenset(_ids((924, 957), (959, 967), "cup") - _ids("cup"))}
+
+
+def display(i: int) -> str:
+    """"mountain bike (bicycle)", or the bare name when its everyday word is already in it ("tabby cat")."""
+    name, word = names()[i], general_words().get(i)
+    if word is None or re.search(rf"\b{word}\b", name.lower()):
+        return name
+    return f"{name} ({word})"
+
+
+def clip_labels(probs: torch.Tensor, threshold: float = THRESHOLD) -> tuple[int, ...]:
+    """(T, 1000) class probabilities of a clip's frames → the class ids it names, most confident first."""
+    probs = probs.float().reshape(-1, probs.shape[-1])
+    top = probs.topk(PER_FRAME, dim=-1)
+    best: dict[int, float] = {}
+    for values, ids in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+        for p, i in zip(values, ids, strict=True):
+            if p >= threshold and p > best.get(i, -1.0):
+                best[i] = p
+    return tuple(sorted(best, key=lambda i: -best[i])[:MAX_LABELS])
+
+
+def listing(labels) -> str:
+    """What the clip's answer to "what is in the video?" says: its labels, or that nothing was recognised."""
+    return ", ".join(display(i) for i in labels) if labels else NOTHING
+
+
+def label_text(labels) -> str:
+    """The text that follows a clip's visual tokens in its turn."""
+    return f" Seen: {listing(labels)}."
+
+
+@cache
+def words_of(i: int) -> frozenset[str]:
+    """The lower-case words a question or an answer may use for class `i`: its name and everyday word."""
+    out = {names()[i].lower()}
+    if i in general_words():
+        out.add(general_words()[i])
+    return frozenset(out)
+
+
+def mentioned(text: str) -> set[int]:
+    """Class ids whose name or everyday word `text` contains as whole words (lower case)."""
+    text = text.lower()
+    return {i for i in range(len(names())) if any(_contains(text, w) for w in words_of(i))}
+
+
+def _contains(text: str, word: str) -> bool:
+    return word in text and re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", text) is not None
+
+
+def unsupported(answer: str, labels) -> set[str]:
+    """Thing names in `answer` (ImageNet names and everyday words) that the clip's labels do not back:
+    neither one of their words nor a whole word inside one ("cat" in "tabby cat")."""
+    allowed = set().union(*(words_of(i) for i in labels)) if labels else set()
+    found = {w for i in mentioned(answer) for w in words_of(i) if _contains(answer.lower(), w)}
+    return {w for w in found if w not in allowed and not any(_contains(a, w) for a in allowed)}

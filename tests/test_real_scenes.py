@@ -1,0 +1,125 @@
+"""What the classifier recognises, in the clip turn: labels from real photos reach the turn as text, a
+clip with nothing confident says so, and the real model's answers on real photos name their object."""
+
+import random
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.real_scenes import clip_frames, hallucinates, photo
+from models.tiny_vlm.labels import (
+    NOTHING,
+    THRESHOLD,
+    clip_labels,
+    display,
+    label_text,
+    listing,
+    names,
+    unsupported,
+    words_of,
+)
+from models.tiny_vlm.scenes import label_question, random_labels
+
+
+def class_id(name: str) -> int:
+    return names().index(name)
+
+
+def test_imagenet_names_and_everyday_words():
+    assert len(names()) == 1000 and names()[0] == "tench" and names()[285] == "Egyptian Mau"
+    assert display(class_id("mountain bike")) == "mountain bike (bicycle)"
+    assert display(class_id("tabby cat")) == "tabby cat"  # its everyday word is already in the name
+    assert words_of(class_id("moped")) == {"moped", "motorcycle"}
+
+
+def test_clip_labels_merge_frames_above_the_threshold():
+    probs = torch.zeros(3, 1000)
+    probs[0, 285], probs[0, 281] = 0.8, THRESHOLD / 2  # the tabby cat is below the threshold
+    probs[1, 967], probs[1, 285] = 0.5, 0.6  # the cat again: named once, at its best probability
+    probs[2, 968] = 0.9
+    assert clip_labels(probs) == (968, 285, 967)
+    assert clip_labels(torch.full((2, 1000), 1e-3)) == ()
+    assert label_text(()) == f" Seen: {NOTHING}."
+
+
+def test_unsupported_names_only_what_the_labels_lack():
+    labels = (class_id("Egyptian Mau"), class_id("espresso"))
+    assert unsupported("Egyptian Mau (cat), espresso (coffee)", labels) == set()
+    assert unsupported("a cat", labels) == set()
+    assert unsupported("tabby cat", labels) == {"tabby cat"}
+    assert unsupported("mountain bike", labels) == {"mountain bike"}
+    assert hallucinates("is there a bicycle?", "yes", labels) and not hallucinates("is there a cat?", "yes", labels)
+
+
+def test_label_questions_follow_the_labels():
+    rng = random.Random(0)
+    for _ in range(2000):
+        labels = random_labels(rng)
+        question, answer, kind = label_question(rng, labels)
+        if kind == "what":
+            assert answer == listing(labels)
+        elif kind == "is":
+            thing = re.fullmatch(r"(?:is there|do you see|can you see|did you see) an? (.+?)(?: in the video)?\?",
+                                 question).group(1)
+            if thing not in ("animal", "vehicle", "food"):
+                assert (answer == "yes") == (not unsupported(thing, labels)), (question, answer, listing(labels))
+        elif kind == "which":
+            assert answer.startswith("no ") or not unsupported(answer, labels), (question, answer)
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    from models.tiny_vlm.model import TinyVLM
+
+    model = TinyVLM()
+    assert model.label_mode == "text", "the committed weights are trained with labels as text"
+    return model
+
+
+def test_labels_of_a_real_photo_reach_the_clip_turn(vlm):
+    visual, probs = vlm.encode_parts(clip_frames(photo("chelsea")))
+    labels = vlm.fit_labels(clip_labels(probs))
+    assert class_id("Egyptian Mau") in labels
+    turn = vlm.encode_clip(clip_frames(photo("chelsea")))
+    text = vlm.embed_text(label_text(labels))
+    assert turn.shape[0] == visual.shape[0] + text.shape[0]
+    torch.testing.assert_close(turn[visual.shape[0]:], text)  # the label words, as text tokens
+    assert turn.shape[0] <= vlm.describe().visual_tokens == 16 + 16
+    many = tuple(range(151, 160))  # nine dog breeds: only what fits in 16 tokens is named
+    assert 1 <= len(vlm.fit_labels(many)) < 9 and vlm.label_embeddings(many).shape[0] <= 16
+
+
+def test_a_clip_with_nothing_confident_says_so(vlm):
+    frames = np.full((2, 128, 128, 3), 128, dtype=np.uint8)  # a plain grey clip
+    _, probs = vlm.encode_parts(frames)
+    assert clip_labels(probs) == ()
+    turn = vlm.encode_clip(frames)
+    torch.testing.assert_close(turn[16:], vlm.embed_text(f" Seen: {NOTHING}."))
+    session = vlm.new_session("full")
+    vlm.append_clip(session, turn, 1)
+    assert vlm.answer(session, "what is in the video?") == NOTHING
+    assert vlm.answer(session, "is there a dog?") == "no"
+
+
+def test_answers_on_a_real_photo_name_its_object(vlm):
+    session = vlm.new_session("inf_mllm", budget=256)
+    vlm.add_clip(session, clip_frames(photo("coffee")), [0.0, 0.5, 1.0, 1.5], index=1)
+    assert "espresso" in vlm.answer(session, "what is in the video?").lower()
+    vlm.add_clip(session, clip_frames(photo("chelsea")), [2.0, 2.5, 3.0, 3.5], index=2)
+    assert "cat" in vlm.answer(session, "what is in the video?").lower()
+    assert vlm.answer(session, "is there a cat?") == "yes"
+    assert vlm.answer(session, "is there a bicycle?") == "no"
+    assert "espresso" in vlm.answer(session, "In clip 1, what do you see?").lower()
+
+
+@pytest.mark.slow
+def test_real_scenes_goal(vlm):
+    """The issue's goal on the real-photo benchmark: where the classifier's top-5 names the object,
+    at least 0.8 of "what is in the clip?" / "is there a X?" answers are right."""
+    from benchmarks.real_scenes import evaluate
+
+    scores, rows = evaluate(vlm, progress=False)
+    assert scores["top5_what_or_is"] >= 0.8, scores
+    assert scores["free_of_hallucination"] >= 0.9, scores
