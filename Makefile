@@ -57,6 +57,7 @@ bench-quick: setup
 	$(PY) -m benchmarks latency --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks tiny_vlm --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks video_qa --quick --out benchmarks/results/quick
+	$(PY) -m benchmarks arena --quick --out benchmarks/results/quick
 
 clean:
 	rm -rf $(VENV) .cache
