@@ -481,28 +481,23 @@ class H2O(Scored):
         return max(1, int(budget * self.recent_ratio))
 
 
-@register
 @dataclass
-class InfMLLM(Scored):
-    """Inf-MLLM, Algorithm 1: window scores S averaged over all query heads, recency bias D,
-    top-r of S + D plus the l window tokens; one index set per layer."""
+class WindowScored(Scored):
+    """Ranked by the attention of the last `window` prompt queries (Inf-MLLM's retrieval window, SnapKV's
+    observation window), which are always kept."""
 
-    name: ClassVar[str] = "inf_mllm"
     window: int = 64
-    bias: float = 0.01
 
     def observers(self):
         return [WindowObserver(window=self.window)]
 
-    def check(self, budget):
+    def check_window(self):
         if self.window < 1:
             raise ValueError(f"{self.name} window must be at least 1, got {self.window}")
-        if self.bias < 0:
-            raise ValueError(f"{self.name} bias must be >= 0, got {self.bias}")
-        if budget < self.window:
-            raise ValueError(f"budget {budget} is smaller than the {self.name} retrieval window {self.window}")
-        if budget < self.window + self.sinks:
-            raise ValueError(f"budget {budget} is smaller than {self.name} window + sinks")
+
+    def check(self, budget):
+        self.check_window()
+        super().check(budget)
 
     def protected(self):
         return self.window
@@ -512,6 +507,26 @@ class InfMLLM(Scored):
 
     def recent(self, view, budget):
         return min(self.window, view.prompt_len)
+
+
+@register
+@dataclass
+class InfMLLM(WindowScored):
+    """Inf-MLLM, Algorithm 1: window scores S averaged over all query heads, recency bias D,
+    top-r of S + D plus the l window tokens; one index set per layer."""
+
+    name: ClassVar[str] = "inf_mllm"
+    window: int = 64
+    bias: float = 0.01
+
+    def check(self, budget):  # its own budget messages, before the generic minimum
+        self.check_window()
+        if self.bias < 0:
+            raise ValueError(f"{self.name} bias must be >= 0, got {self.bias}")
+        if budget < self.window:
+            raise ValueError(f"budget {budget} is smaller than the {self.name} retrieval window {self.window}")
+        if budget < self.window + self.sinks:
+            raise ValueError(f"budget {budget} is smaller than {self.name} window + sinks")
 
     def adjust(self, s):
         return s + recency_bias(s.shape[-1], self.bias, s.device)
@@ -541,7 +556,7 @@ class InfMLLMPlus(InfMLLM):
 
 @register
 @dataclass
-class SnapKV(Scored):
+class SnapKV(WindowScored):
     """SnapKV (Li et al. 2024): the attention the last `window` prompt queries (its observation window)
     pay each earlier token, per KV head (its per-head selection, GQA groups averaged), smoothed by a
     1-D pooling of kernel `pool` (its clustering step; average pooling as its released default), top-k
@@ -552,23 +567,6 @@ class SnapKV(Scored):
     pool: int = 5
     pool_mode: str = "avg"
     per_head: bool = True
-
-    def observers(self):
-        return [WindowObserver(window=self.window)]
-
-    def check(self, budget):
-        if self.window < 1:
-            raise ValueError(f"snapkv window must be at least 1, got {self.window}")
-        super().check(budget)
-
-    def protected(self):
-        return self.window
-
-    def score(self, view, c):
-        return _require(view.window_scores, self.name)[..., :c]
-
-    def recent(self, view, budget):
-        return min(self.window, view.prompt_len)
 
 
 @register
