@@ -32,7 +32,8 @@ class EveryKRounds:
     def __init__(self, k: int, clip_seconds: float, text: str = QUESTION):
         from .questions import Question
 
-        self.step, self.next_t, self.released, self.text = k * clip_seconds, k * clip_seconds, 0, text
+        self.k, self.text, self.released = k, text, 0
+        self.step = self.next_t = k * clip_seconds
         self.question = lambda: Question(text, None)
 
     def due(self, video_t: float):
@@ -152,9 +153,9 @@ def run_soak(engine, session, source, schedule, log, *, rounds: int | None, dura
     elapsed = time.monotonic() - start
     oom_after = oom_kills()
     n_rounds = state["round"]
-    every = getattr(schedule, "step", 0) / engine.clip_seconds if getattr(schedule, "step", 0) else 0
+    every = getattr(schedule, "k", 0)
     # a question at k·K clips is asked before clip k·K + 1 goes in, so R rounds owe floor((R-1)/K) answers
-    expected = int((n_rounds - 1) // round(every)) if n_rounds and every else state["answers"]
+    expected = (n_rounds - 1) // every if n_rounds and every else state["answers"]
     budgets = session.cache.budgets
     adapter = engine.adapter
     return {"policy": label, "budget": min(budgets) if budgets else None, "rounds": n_rounds,
