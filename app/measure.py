@@ -60,14 +60,30 @@ def clips(page) -> int:
     return int(m.group(1)) if m else 0
 
 
+def set_budget(page, budget: str) -> None:
+    """Open "Model and cache" and type the budget. The accordion mounts its fields on first opening
+    and a field that mounts just after Playwright typed into it shows its default again (a CI run
+    started a "128" session at 256), so type until the value has held for half a second."""
+    page.get_by_text("Model and cache").click()
+    field = page.locator("#budget textarea, #budget input").first
+
+    def held():
+        if field.input_value() != budget:
+            field.fill(budget)
+            return False
+        time.sleep(0.5)
+        return field.input_value() == budget
+
+    wait(held, timeout=20)
+
+
 def open_page(page, url, budget=None):
     """Load the app in `page`, start the bundled clip and play it (muted: autoplay is blocked)."""
     page.set_viewport_size({"width": 1400, "height": 1100})
     page.goto(url)
     page.wait_for_selector("#send")
     if budget:
-        page.get_by_text("Model and cache").click()
-        page.fill("#budget textarea, #budget input", budget)
+        set_budget(page, budget)
     page.get_by_role("button", name="Start").click()
     page.wait_for_selector("#player video")
     page.evaluate("(() => { const v = document.querySelector('#player video'); v.muted = true; return v.play(); })()")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from app_server import ARTEFACTS, CHROMIUM, CHROMIUM_ARGS, running_app
 
-from app.measure import messages, wait  # polling and chat reading shared with the page measurements
+from app.measure import messages, set_budget, wait  # shared with the page measurements
 
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="no /usr/bin/chromium")]
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -76,10 +76,10 @@ def send(page, question, expect=r"s to first token|⚠", timeout=60) -> str:
 
 def start(page, budget=None):
     if budget:
-        page.get_by_text("Model and cache").click()
-        page.fill("#budget textarea, #budget input", budget)
+        set_budget(page, budget)
     page.get_by_role("button", name="Start").click()
-    wait(lambda: any(m.startswith("New session") for m in messages(page)))
+    note = wait(lambda: next((m for m in messages(page) if m.startswith("New session")), None))
+    assert f"budget {budget or 256}" in note  # the session runs with the settings typed
 
 
 def play(page):

@@ -114,3 +114,21 @@ def test_scene_episodes_ask_about_the_labels_of_scene_clips():
                 assert t[2] == "nothing recognised" or t[2].startswith("no ") or any(n in t[2] for n in named), t
     assert label_answers > 50 and easy_answers > 50
     assert 0.02 < dropped / clips < 0.3  # some easy-VQA clips have no label text, like other adapters' turns
+
+
+def test_training_episodes_hold_runs_of_clips_with_no_question_between_them():
+    """A stream brings many clips between a user's questions; weights trained on one question after
+    every clip answered nothing after ten unasked-about clips of real footage."""
+    from models.tiny_vlm.data import asks_after, group_by_image, sample_episode
+
+    rng = random.Random(0)
+    assert [asks_after(rng, k, 8, 0.0, final_asks=3) for k in range(1, 9)] == [0] * 7 + [3]
+    assert [asks_after(rng, k, 4, 2.0) for k in range(1, 5)] == [2, 2, 2, 2]
+    by_image = group_by_image(questions("test"))
+    longest = 0
+    for asks in (0.0, 0.3, 0.6, 1.0):
+        episode = sample_episode(rng, by_image, 8, asks_per_clip=asks, final_asks=3)
+        kinds = "".join("c" if t[0] == "clip" else "a" for t in episode.turns)
+        assert kinds.count("c") == 8 and len(kinds) - len(kinds.rstrip("a")) >= 3  # ≥ 3 after the last clip
+        longest = max(longest, max(len(run) for run in kinds.split("a") if run))
+    assert longest == 8  # with no questions on the way, all eight clips arrive before the questions

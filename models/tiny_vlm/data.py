@@ -161,13 +161,23 @@ def pick_question(rng: random.Random, candidates: list[Question], type_weights: 
     return rng.choice(candidates)
 
 
+def asks_after(rng: random.Random, k: int, clips: int, asks_per_clip: float, final_asks: int = 1) -> int:
+    """How many questions follow clip `k` of `clips`: `asks_per_clip` on average, at least `final_asks`
+    after the last. Below one per clip, runs of clips arrive with no question between them, as a
+    stream does between a user's questions (weights trained on exactly one question per clip answered
+    nothing after ten unasked-about clips of real footage)."""
+    n = int(asks_per_clip) + (rng.random() < asks_per_clip % 1)
+    return max(n, final_asks) if k == clips else n
+
+
 def sample_episode(rng: random.Random, by_image: dict[int, list[Question]], clips: int,
                    asks_per_clip: float = 0.6, plain_share: float = 0.3, max_first: int = 1,
-                   type_weights: dict[str, float] | None = None, yes_no: YesNoQuestions | None = None) -> Episode:
+                   type_weights: dict[str, float] | None = None, yes_no: YesNoQuestions | None = None,
+                   final_asks: int = 1) -> Episode:
     """`clips` clips; after each, about `asks_per_clip` questions on the current or an earlier clip
-    (always at least one after the last). A question on the current clip is sometimes asked without
-    naming it, as a viewer would ask about what is on screen now. Half the episodes number their
-    clips from 1, the others from a random start up to `max_first`. With `yes_no`, only the first
+    (at least `final_asks` after the last; see `asks_after`). A question on the current clip is
+    sometimes asked without naming it, as a viewer would ask about what is on screen now. Half the
+    episodes number their clips from 1, the others from a random start up to `max_first`. With `yes_no`, only the first
     question about a clip may be yes/no: an earlier answer about it ("red") left in the context lets
     the model compare the question with that word instead of the picture, which a test never allows."""
     images = rng.sample(sorted(by_image), clips)
@@ -175,10 +185,7 @@ def sample_episode(rng: random.Random, by_image: dict[int, list[Question]], clip
     turns, answered = [], set()
     for k, image in enumerate(images, start=1):
         turns.append(("clip", image))
-        n = int(asks_per_clip) + (rng.random() < asks_per_clip % 1)
-        if k == clips:
-            n = max(n, 1)
-        for _ in range(n):
+        for _ in range(asks_after(rng, k, clips, asks_per_clip, final_asks)):
             j = k if rng.random() < 0.4 else rng.randint(1, k)
             weights = type_weights
             if yes_no and type_weights and j in answered:

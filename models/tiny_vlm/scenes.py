@@ -23,7 +23,7 @@ from tqdm import tqdm
 from inf_mllm import AssetError
 from inf_mllm.loader import cache_dir
 
-from .data import Episode, data_hash, image_paths, load_image, pick_question
+from .data import Episode, asks_after, data_hash, image_paths, load_image, pick_question
 from .labels import categories, clip_labels, general_words, listing, names, words_of
 
 SCENE_VIDEOS = {"train": "bigbuckbunny.mp4", "test": "carphone_pristine.mp4"}
@@ -189,7 +189,7 @@ class SceneMix:
 
 def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict, frames: dict, clips: int,
                          mix: SceneMix, asks_per_clip: float = 1.0, plain_share: float = 0.3, max_first: int = 1,
-                         type_weights: dict | None = None, yes_no=None) -> Episode:
+                         type_weights: dict | None = None, yes_no=None, final_asks: int = 1) -> Episode:
     """Like `data.sample_episode`, with clip turns ("clip", id, labels or None) and, in `mix.share` of the
     episodes, scene clips whose questions are about their labels."""
     scenes = rng.random() < mix.share
@@ -209,10 +209,7 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
     turns, answered = [], set()
     for k, (_, key, labels) in enumerate(content, start=1):
         turns.append(("clip", key, labels))
-        n = int(asks_per_clip) + (rng.random() < asks_per_clip % 1)
-        if k == clips:
-            n = max(n, 1)
-        for _ in range(n):
+        for _ in range(asks_after(rng, k, clips, asks_per_clip, final_asks)):
             j = k if rng.random() < 0.4 else rng.randint(1, k)
             scene, key_j, labels_j = content[j - 1]
             if scene or (labels_j is not None and rng.random() < mix.label_asks):

@@ -2,7 +2,8 @@
 
 Backbones stay frozen: EfficientNet-Lite0 features (and its ImageNet head's outputs) are computed
 once and cached, SmolLM2 gets rank-r LoRA on its attention projections. Training episodes are short
-videos of 1–8 easy-VQA train images with questions on the current or an earlier clip, in the exact
+videos of 1–8 easy-VQA train images with questions on the current or an earlier clip (none to one
+after each clip, three after the last, so runs of clips arrive unasked about), in the exact
 turn format of a streaming session: each clip turn ends with the classifier's labels as text, and
 some episodes hold scene clips (real video frames with ImageNet label sets) asked about their labels
 (`scenes.py`). `--device cuda` trains on a GPU; `--set KEY=JSON` overrides any `TrainConfig` field.
@@ -32,10 +33,11 @@ from .scenes import SceneMix, easy_labels, sample_scene_episode, scene_frames
 @dataclass
 class TrainConfig:
     seed: int = 0
-    steps: int = 220
+    steps: int = 200
     batch: int = 8
     clips: tuple = (1, 1, 2, 4, 6, 8, 8, 8)  # episode lengths, drawn uniformly: most are long videos
-    asks_per_clip: float = 1.0
+    asks_per_clip: tuple = (0.0, 0.3, 0.6, 1.0)  # drawn per episode: runs of clips with no question between
+    final_asks: int = 3  # questions after an episode's last clip, on it or an earlier one (as ctx-k evaluation asks)
     single_image_asks: float = 5.0
     max_first_clip: int = 400  # clip numbers seen in training reach this (long streams)
     type_weights: dict = field(default_factory=lambda: {"yes/no": 0.5, "colour": 0.25, "shape": 0.25})
@@ -156,15 +158,13 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
             episodes = []
             for _ in range(cfg.batch):
                 k = rng.choice(cfg.clips)
-                asks = cfg.single_image_asks if k == 1 else cfg.asks_per_clip
-                yes = yes_no if cfg.balanced_yes_no else None
+                ask = dict(asks_per_clip=cfg.single_image_asks if k == 1 else rng.choice(cfg.asks_per_clip),
+                           final_asks=cfg.final_asks, max_first=cfg.max_first_clip, type_weights=cfg.type_weights,
+                           yes_no=yes_no if cfg.balanced_yes_no else None)
                 if scenes:
-                    episodes.append(sample_scene_episode(rng, by_image, image_labels, frame_labels, k, mix,
-                                                         asks_per_clip=asks, max_first=cfg.max_first_clip,
-                                                         type_weights=cfg.type_weights, yes_no=yes))
+                    episodes.append(sample_scene_episode(rng, by_image, image_labels, frame_labels, k, mix, **ask))
                 else:
-                    episodes.append(sample_episode(rng, by_image, k, asks_per_clip=asks, max_first=cfg.max_first_clip,
-                                                   type_weights=cfg.type_weights, yes_no=yes))
+                    episodes.append(sample_episode(rng, by_image, k, **ask))
             with torch.autocast(vlm.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                 loss = loss_on(vlm, llm, builder, episodes)
                 if caption and cfg.caption_weight:
