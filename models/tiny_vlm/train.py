@@ -107,7 +107,7 @@ def caption_stage(vlm, caption: CaptionLoss, cfg: TrainConfig, rng: random.Rando
         optim.zero_grad(set_to_none=True)
         loss.backward()
         optim.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def loss_on(vlm, llm, builder, episodes):
