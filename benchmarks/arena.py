@@ -262,7 +262,7 @@ def arena(out, scale: Scale, names=None, budgets=None, benchmarks=BENCHMARKS, re
         before = json.loads(settings_path.read_text())
         if {k: before.get(k) for k in settings} != json.loads(json.dumps(settings)):
             raise SystemExit(f"{settings_path} is from another run: {before}; not resuming")
-        records = [r for r in json.loads((out / f"{NAME}.json").read_text()) if r["metric"] != "of_full"]
+        records = json.loads((out / f"{NAME}.json").read_text())  # save() recomputes the of_full records
         done = {(r["benchmark"], r["policy"], r["budget"]) for r in records if r["metric"] == "round_ms"}
         print(f"resuming: {len(done)} runs already done", file=sys.stderr)
     ctx = Context(scale, budgets, benchmarks, model, tok, vlm)

@@ -33,26 +33,17 @@ POLICY_CONFIGS = {
     "inf_mllm_plus": {"window": 64, "bias": 1.0},
 }
 
-# Policy strings beyond the registry's single policies that every benchmark compares: named combinations
-# (scorer + budget allocator + reducer) as `stream-qa --policy` takes them. When `inf_mllm.policies` lists
-# its own (COMBINATIONS_ATTR), those are used as well.
-COMBINATIONS: tuple[str, ...] = ()
-COMBINATIONS_ATTR = "COMBINATIONS"
-
 # inf_mllm with recall of evicted turns (inf_mllm/recall.py), beside its references: similarity only,
 # the oracle (exactly the right turn) and k random turns. Run by the benchmarks whose questions look back.
 RECALL_POLICIES = ("inf_mllm+recall", "inf_mllm+recall_keys", "inf_mllm+recall_oracle", "inf_mllm+recall_random")
 
 
 def registered() -> list[str]:
-    """Every registered policy, then the named combinations, in registry order."""
-    from inf_mllm import policies
+    """Every registered policy, then the named combinations (scorer + allocator + reducer, as `stream-qa
+    --policy` takes them), in registry order."""
+    from inf_mllm.policies import COMBINATIONS, POLICIES
 
-    names = list(policies.POLICIES)
-    for name in (*getattr(policies, COMBINATIONS_ATTR, ()), *COMBINATIONS):
-        if name not in names:
-            names.append(name)
-    return names
+    return list(dict.fromkeys([*POLICIES, *COMBINATIONS]))
 
 
 def policy_names(names=None, recall: bool = False) -> list[str]:
@@ -158,8 +149,8 @@ class RoundTimer:
         self.evict_s += self.session.last.evict_s
         return self.lap()
 
-    def share(self, round_s: float | None = None) -> float:
-        return evict_share(self.evict_s, self.score_s, self.lap() if round_s is None else round_s)
+    def share(self, round_s: float) -> float:
+        return evict_share(self.evict_s, self.score_s, round_s)
 
 
 # --- records ----------------------------------------------------------------------------------------

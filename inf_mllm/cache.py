@@ -48,10 +48,6 @@ class StreamingLayer(DynamicLayer):
     def window_scores(self) -> torch.Tensor | None:
         return self.seen.get("window")
 
-    @property
-    def acc_scores(self) -> torch.Tensor | None:
-        return self.seen.get("acc")
-
     def update(self, key_states, value_states, *args, **kwargs):
         if self.cache.probe_layers is not None and self.layer_idx >= self.cache.probe_layers:
             raise ProbeDone  # the probe has the keys it needs: the deeper layers need not run
@@ -99,14 +95,6 @@ class StreamingLayer(DynamicLayer):
             if stat is None or (obs.key != "acc" and stat.shape[-1] != n):
                 return False
         return True
-
-    def evict(self, policy: Policy, budget: int) -> None:
-        """This layer alone down to `budget` (its start unchanged: for uniform budgets; the cache's
-        `evict` handles budgets that differ per layer)."""
-        n = self.get_seq_length()
-        if n <= budget:
-            return
-        self.apply(policy.select(self.view(), budget), policy.reducer, self.start)
 
     def apply(self, idx: torch.Tensor | None, reducer: str, start: int) -> None:
         """Reduce to the sorted indices idx (None: keep all), then sit at positions start..start+K-1."""
@@ -319,10 +307,9 @@ class StreamingCache(Cache):
         if not self.policy.evict_while_decoding or self.budgets is None:
             return
         views = [layer.view() for layer in self.layers]
-        plans = []
-        for layer, view, nominal in zip(self.layers, views, self.budgets, strict=True):
-            budget = nominal if layer.budget is None or isinstance(self.policy.allocator, Uniform) else layer.budget
-            plans.append(self.policy.decode_select(view, budget) if view.n > budget else None)
+        budgets = self.budgets if isinstance(self.policy.allocator, Uniform) else self.layer_budgets
+        plans = [self.policy.decode_select(view, budget) if view.n > budget else None
+                 for view, budget in zip(views, budgets, strict=True)]
         self._apply(plans, views, "evict")
 
     def _apply(self, plans: list, views: list[LayerView], reducer: str) -> None:

@@ -451,9 +451,21 @@ def recency_bias(candidates: int, bias: float, device) -> torch.Tensor:
     return -torch.arange(candidates - 1, -1, -1, device=device, dtype=torch.float32) * (bias / candidates)
 
 
+@dataclass
+class AccScored(Scored):
+    """Ranked by the attention every query paid each token, accumulated per KV head (H2O, PrefixKV,
+    Elastic Cache)."""
+
+    def observers(self):
+        return [AccumulatedObserver()]
+
+    def score(self, view, c):
+        return _require(view.acc_scores, self.name)[..., :c]
+
+
 @register
 @dataclass
-class H2O(Scored):
+class H2O(AccScored):
     """H2O: heavy hitters by accumulated attention plus a recent window, per KV head; evicts at
     every decode step as the paper does."""
 
@@ -461,9 +473,6 @@ class H2O(Scored):
     evict_while_decoding: ClassVar[bool] = True
     recent_ratio: float = 0.5
     per_head: bool = True
-
-    def observers(self):
-        return [AccumulatedObserver()]
 
     def check(self, budget):
         if budget < 2:
@@ -473,9 +482,6 @@ class H2O(Scored):
 
     def min_budget(self):
         return 2
-
-    def score(self, view, c):
-        return _require(view.acc_scores, self.name)[..., :c]
 
     def recent(self, view, budget):
         return max(1, int(budget * self.recent_ratio))
@@ -591,7 +597,7 @@ class VLCache(Scored):
 
 @register
 @dataclass
-class PrefixKV(Scored):
+class PrefixKV(AccScored):
     """PrefixKV (Wang et al. 2024): importance I_l^n = mean over heads of the attention summed over all
     queries, normalised per layer; layer budgets from the cumulative priority curves and a binary
     search for the global retention ratio (`prefixkv_budgets`, optionally calibrated offline); each
@@ -600,16 +606,10 @@ class PrefixKV(Scored):
     name: ClassVar[str] = "prefixkv"
     default_allocator: ClassVar[type[Allocator]] = PrefixKVBudgets
 
-    def observers(self):
-        return [AccumulatedObserver()]
-
-    def score(self, view, c):
-        return _require(view.acc_scores, self.name)[..., :c]
-
 
 @register
 @dataclass
-class Elastic(Scored):
+class Elastic(AccScored):
     """Elastic Cache (Liu et al. 2024), importance-driven cache merging.
 
     Instruction encoding (each turn boundary): importance I_n = layer-wise sum of attention over every
@@ -624,12 +624,6 @@ class Elastic(Scored):
     default_reducer: ClassVar[str] = "merge"
     evict_while_decoding: ClassVar[bool] = True
     truncation: int = 25
-
-    def observers(self):
-        return [AccumulatedObserver()]
-
-    def score(self, view, c):
-        return _require(view.acc_scores, self.name)[..., :c]
 
     def decode_select(self, view, budget):
         excess = view.n - budget

@@ -88,7 +88,7 @@ def test_policy_list_comes_from_the_registry():
 
     names = policy_names()
     assert names[:len(policies.POLICIES)] == list(policies.POLICIES)
-    assert set(getattr(policies, common.COMBINATIONS_ATTR, ())) <= set(names)
+    assert set(policies.COMBINATIONS) <= set(names)
     assert policy_names(recall=True)[-len(common.RECALL_POLICIES):] == list(common.RECALL_POLICIES)
     assert policy_names(["inf_mllm", "full", "inf_mllm+typo"]) == ["full", "inf_mllm", "inf_mllm+typo"]
 

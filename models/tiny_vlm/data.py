@@ -82,16 +82,25 @@ def features(split: str, encoder=None) -> dict[int, torch.Tensor]:
         batch = paths[start:start + 64]
         feats = encoder(np.stack([load_image(p) for _, p in batch]))
         out.update({i: f.half() for (i, _), f in zip(batch, feats, strict=True)})
+    save_atomic(path, {str(k): v for k, v in out.items()})
+    return out
+
+
+def save_atomic(path: Path, tensors: dict) -> None:
+    """A safetensors cache file written whole or not at all (a stopped run leaves no half file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    save_file({str(k): v.contiguous() for k, v in out.items()}, str(tmp))
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
     tmp.replace(path)
-    return out
 
 
 def named(question: Question, clip: int) -> str:
     """The question about clip `clip` of a video, e.g. 'In clip 3, what is the color of the shape?'."""
-    return f"In clip {clip}, {question.text}"
+    return named_text(question.text, clip)
+
+
+def named_text(text: str, clip: int) -> str:
+    return f"In clip {clip}, {text}"
 
 
 @dataclass

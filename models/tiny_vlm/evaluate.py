@@ -80,7 +80,8 @@ def evaluate_labels(vlm, builder, frames: dict[int, tuple], n: int = 300, contex
     features `builder` must hold): {"labels_what", "labels_is", "labels_which": accuracy with one clip,
     "labels_ctxK": with K clips, the question naming one}. Three in four clips carry a random label set,
     the others their frame's own labels."""
-    from .scenes import label_question, named_text, random_labels
+    from .data import named_text
+    from .scenes import label_question, random_labels
 
     rng = random.Random(seed)
     hits: dict[str, list[bool]] = defaultdict(list)

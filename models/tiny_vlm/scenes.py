@@ -17,13 +17,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from tqdm import tqdm
 
 from inf_mllm import AssetError
 from inf_mllm.loader import cache_dir
 
-from .data import Episode, asks_after, data_hash, image_paths, load_image, pick_question
+from .data import Episode, asks_after, data_hash, image_paths, load_image, named_text, pick_question, save_atomic
 from .labels import categories, clip_labels, general_words, listing, names, words_of
 
 SCENE_VIDEOS = {"train": "bigbuckbunny.mp4", "test": "carphone_pristine.mp4"}
@@ -88,13 +88,6 @@ def random_labels(rng: random.Random) -> tuple[int, ...]:
 
 # --- cached classifier outputs ------------------------------------------------------------------
 
-def _save(path: Path, tensors: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
-    tmp.replace(path)
-
-
 def _top(probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     top = probs.topk(TOP, dim=-1)
     return top.indices.to(torch.int16), top.values.half()
@@ -122,7 +115,7 @@ def easy_labels(split: str, encoder=None) -> dict[int, tuple[int, ...]]:
             _, probs = encoder.encode(np.stack([load_image(p) for _, p in batch]))
             for (i, _), p in zip(batch, probs, strict=True):
                 out[f"{i}.ids"], out[f"{i}.p"] = _top(p)
-        _save(path, out)
+        save_atomic(path, out)
     t = load_file(path)
     return {int(k[:-4]): _labels_from(v, t[k[:-4] + ".p"]) for k, v in t.items() if k.endswith(".ids")}
 
@@ -170,7 +163,7 @@ def scene_frames(split: str, count: int = 64, encoder=None) -> tuple[dict[int, t
             i = FIRST_ID[split] + k
             out[str(i)] = f.half()
             out[f"{i}.ids"], out[f"{i}.p"] = _top(p)
-        _save(path, out)
+        save_atomic(path, out)
     t = load_file(path)
     feats = {int(k): v for k, v in t.items() if "." not in k}
     return feats, {i: _labels_from(t[f"{i}.ids"], t[f"{i}.p"]) for i in feats}
@@ -224,8 +217,3 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
             text = text if j == k and rng.random() < plain_share else named_text(text, first + j - 1)
             turns.append(("ask", text, answer))
     return Episode(turns, first)
-
-
-def named_text(text: str, clip: int) -> str:
-    """The question about clip `clip`, in `data.named`'s wording."""
-    return f"In clip {clip}, {text}"
