@@ -173,9 +173,11 @@ def run(args):
     round_sets = [5, 10, 30] if args.quick else [5, 10, 300]
     if args.tokens:
         round_sets = [args.tokens]
-    names = policy_names(args.policies, recall=True)
+    # --policies may name the ports too ("chat-univi-tiny"): they run with inf_mllm
+    names = policy_names(args.policies and [p for p in args.policies if p not in PORTS], recall=True)
     vlm = load_adapter("tiny-vlm")
-    ports = {} if args.quick or args.policies else {name: load_adapter(name) for name in PORTS}
+    ports = {name: load_adapter(name) for name in PORTS
+             if not args.quick and (args.policies is None or name in args.policies)}
     out = Path(args.out)
     folder = Path(".cache/video_qa")  # regenerated deterministically: not committed
     folder.mkdir(parents=True, exist_ok=True)
