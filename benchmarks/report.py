@@ -1,8 +1,8 @@
 """`python -m benchmarks.report [DIR]`: the committed results read against the core issue's goals, as markdown.
 
-`python -m benchmarks.report arena [FILE] [--readme README]`: the arena's policy table from arena.json
-(default benchmarks/results/arena.json); with `--readme`, written between that file's
-`<!-- arena:begin -->` and `<!-- arena:end -->` lines instead of printed.
+`python -m benchmarks.report arena|video_qa [FILE] [--readme README]`: that benchmark's tables from its
+JSON (default benchmarks/results/NAME.json); with `--readme`, written between that file's
+`<!-- NAME:begin -->` and `<!-- NAME:end -->` lines instead of printed.
 """
 
 import json
@@ -10,7 +10,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-README_MARKS = ("<!-- arena:begin -->", "<!-- arena:end -->")
+import numpy as np
 
 
 def load(path):
@@ -168,13 +168,64 @@ def arena_section(path) -> str:
     return "### arena\n\n" + "\n".join(lines) + "\n"
 
 
-def write_readme(readme, section: str) -> None:
-    """Put `section` between the README's arena marks (kept), replacing what was there."""
+def video_qa_section(path) -> str:
+    """video_qa's two tables: accuracy by video length and by how far back the named clip is (with
+    recall's share of evicted clips linked back), then time to first token and memory; per-round values
+    exist for the longest video only."""
+    records = load(path)
+    if not records:
+        return f"### video_qa\n\n(no results in {path})\n"
+    value = {(r["policy"], r["metric"], r["x"]): r["value"] for r in records}
+    longest = max(r["x"] for r in records if r["metric"] == "accuracy" and isinstance(r["x"], int))
+    lengths = sorted({r["x"] for r in records if r["metric"] == "accuracy" and isinstance(r["x"], int)})
+    policies = list(dict.fromkeys(r["policy"] for r in records))
+    backs = ["0", "1-4", "8-16", "32-64", "128-256"]
+
+    def cell(policy, metric, x, spec=".3f"):
+        return _cell(value.get((policy, metric, x)), spec)
+
+    accuracy = [[p, *(cell(p, "accuracy", n) for n in lengths),
+                 *(cell(p, "accuracy", f"{longest}r back {b}", ".2f") for b in backs),
+                 cell(p, "accuracy", f"{longest}r evicted"), cell(p, "recall_at_k", f"{longest}r evicted", ".2f"),
+                 cell(p, "oom_round", longest, ".0f") if (p, "oom_round", longest) in value else "–",
+                 cell(p, "ingest_speed", longest, ".1f")] for p in policies]
+    times = []
+    for p in policies:
+        per_round = {r["x"]: r["value"] for r in records if r["policy"] == p and isinstance(r["x"], int)
+                     and r["metric"] == "ttft_s"}
+        if not per_round:
+            continue
+        kv = {r["x"]: r["value"] for r in records if r["policy"] == p and r["metric"] == "kv_mb"}
+        rss = {r["x"]: r["value"] for r in records if r["policy"] == p and r["metric"] == "rss_mb"}
+        first = float(np.median([v for x, v in per_round.items() if x <= 10]))
+        tail = value.get((p, "ttft_s", f"{longest}r rounds {longest - 9}-{longest}"))
+        last = max(per_round)
+        times.append([p, *(cell(p, "ttft_s", f"{n}r round {n}") for n in lengths if n <= 10), f"{first:.3f}",
+                      _cell(tail, ".3f"), _cell(tail / first if tail else None, ".2f"),
+                      cell(p, "ttft_s", f"{longest}r round {longest}"), cell(p, "ttft_s", f"{longest}r all rounds"),
+                      f"{kv.get(10, float('nan')):.1f} → {kv[last]:.1f}"
+                      + (f" (round {last})" if last < longest else ""),
+                      f"{rss[last]:.0f}"])
+    short = [f"round {n}" for n in lengths if n <= 10]
+    return ("### video_qa\n\nAccuracy (`evicted`: the questions whose "
+            "clip had left the cache when asked; recall@k: the share of those whose clip was linked back):\n\n"
+            + table(["policy", *(f"{n} rounds" for n in lengths), *(f"back {b}" for b in backs), "evicted",
+                     "recall@k", "OOM round", f"ingest × real time ({longest} r)"], accuracy)
+            + f"\n\nTime to first token (s, medians) and memory, {longest}-round video unless named:\n\n"
+            + table(["policy", *short, "rounds 1–10", f"rounds {longest - 9}–{longest}", "ratio", f"round {longest}",
+                     "all rounds", f"KV MB round 10 → {longest}", "RSS MB at the end"], times) + "\n")
+
+
+SECTIONS = {"arena": arena_section, "video_qa": video_qa_section}
+
+
+def write_readme(readme, section: str, name: str = "arena") -> None:
+    """Put `section` between the README's marks for `name` (kept), replacing what was there."""
     path = Path(readme)
     text = path.read_text()
-    begin, end = README_MARKS
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
     if begin not in text or end not in text:
-        raise SystemExit(f"{path} has no {begin} … {end} lines to write the arena table between")
+        raise SystemExit(f"{path} has no {begin} … {end} lines to write the {name} tables between")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     path.write_text(f"{head}{begin}\n{section}{end}{tail}")
@@ -182,16 +233,16 @@ def write_readme(readme, section: str) -> None:
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["arena"]:
-        args = argv[1:]
+    if argv[:1] and argv[0] in SECTIONS:
+        name, args = argv[0], argv[1:]
         readme = None
         if "--readme" in args:
             i = args.index("--readme")
             readme, args = args[i + 1], args[:i] + args[i + 2:]
-        path = Path(args[0] if args else "benchmarks/results/arena.json")
-        section = arena_section(path / "arena.json" if path.is_dir() else path)
+        path = Path(args[0] if args else f"benchmarks/results/{name}.json")
+        section = SECTIONS[name](path / f"{name}.json" if path.is_dir() else path)
         if readme:
-            write_readme(readme, section)
+            write_readme(readme, section, name)
         else:
             print(section)
         return

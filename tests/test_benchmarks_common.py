@@ -115,3 +115,43 @@ def test_plot_draws_marks_for_a_summary_metric(tmp_path):
     path = tmp_path / "plot.png"
     common.plot(path, "video_qa", records, ["kv_mb"], x_label="round", vlines={"oom_round": "out of memory"})
     assert path.stat().st_size > 0
+
+
+def test_video_qa_tables_are_read_from_its_records(tmp_path):
+    """The README's video_qa tables come from video_qa.json: two policies over a 3-round and a 20-round
+    video, summarised by `summarize` as the benchmark does, and each cell checked by hand."""
+    import json
+
+    from benchmarks.report import video_qa_section, write_readme
+    from benchmarks.video_qa import summarize
+
+    def video(rounds, ok, evicted=False, oom=None):
+        rows = [{"round": k, "ok": ok(k), "back": 0 if k % 2 else 10, "ttft_s": 0.1 * k, "kv_mb": 1.0 + k,
+                 "rss_mb": 100.0 + k, "evicted": evicted and k % 2 == 0, "recalled": k % 4 == 0}
+                for k in range(1, (oom or rounds + 1))]
+        tele = SimpleNamespace(ingest_s=1.0, ingest_speed=4.0, store_bytes=None, video_s=2.0 * rounds)
+        return rows, oom, tele
+
+    records = []
+    for policy, evicted, oom in (("inf_mllm", False, None), ("full_capped", False, 12),
+                                 ("inf_mllm+recall", True, None)):
+        records += summarize(policy, 64, 3, [video(3, lambda k: True)], False)
+        records += summarize(policy, 64, 20, [video(20, lambda k: k > 10, evicted, oom)], True)
+    (tmp_path / "video_qa.json").write_text(json.dumps(records))
+    section = video_qa_section(tmp_path / "video_qa.json")
+    accuracy, times = section.split("Time to first token")
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")
+            for line in accuracy.splitlines() if line.startswith("| ")}
+    # accuracy: 3 rounds all right; 20 rounds right from round 11 (10 of 20); back 0 (odd rounds): 5 of 10 right
+    assert rows["inf_mllm"][1:6] == ["1.000", "0.500", "0.50", "-", "0.50"]  # odd rounds back 0, even 10 back
+    assert rows["inf_mllm"][-2:] == ["–", "4.0 |"]  # no OOM, ingest 4× real time
+    assert rows["full_capped"][2:4] == ["0.091", "0.17"] and rows["full_capped"][-2] == "12"  # 1 of 11 right
+    assert rows["inf_mllm+recall"][8:10] == ["0.500", "0.50"]  # even rounds evicted: 5 of 10 right, 5 of 10 linked
+    # time table: rounds 1-10 median 0.55 s, rounds 11-20 median 1.55 s, ratio 2.82; KV at round 10 → 20
+    times = next(line for line in times.splitlines() if line.startswith("| inf_mllm |")).split(" | ")
+    assert times[1:8] == ["0.300", "0.550", "1.550", "2.82", "2.000", "1.050", "11.0 → 21.0"]
+    assert "11.0 → 12.0 (round 11)" in section  # the capped cache stopped at its out-of-memory round
+    readme = tmp_path / "README.md"
+    readme.write_text("<!-- video_qa:begin -->\nold\n<!-- video_qa:end -->\n")
+    write_readme(readme, section, "video_qa")
+    assert "old" not in readme.read_text() and "| inf_mllm+recall |" in readme.read_text()
