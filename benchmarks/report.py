@@ -207,13 +207,34 @@ def video_qa_section(path) -> str:
                       + (f" (round {last})" if last < longest else ""),
                       f"{rss[last]:.0f}"])
     short = [f"round {n}" for n in lengths if n <= 10]
+    orin = orin_table(Path(path).with_name("video_qa_orin.json"))
     return ("### video_qa\n\nAccuracy (`evicted`: the questions whose "
             "clip had left the cache when asked; recall@k: the share of those whose clip was linked back):\n\n"
             + table(["policy", *(f"{n} rounds" for n in lengths), *(f"back {b}" for b in backs), "evicted",
                      "recall@k", "OOM round", f"ingest × real time ({longest} r)"], accuracy)
             + f"\n\nTime to first token (s, medians) and memory, {longest}-round video unless named:\n\n"
             + table(["policy", *short, "rounds 1–10", f"rounds {longest - 9}–{longest}", "ratio", f"round {longest}",
-                     "all rounds", f"KV MB round 10 → {longest}", "RSS MB at the end"], times) + "\n")
+                     "all rounds", f"KV MB round 10 → {longest}", "RSS MB at the end"], times) + "\n"
+            + (f"\nOrin demo protocol (`video_qa_orin.json`):\n\n{orin}\n" if orin else ""))
+
+
+def orin_table(path) -> str:
+    """The looped real clip: memory and time to first token at the first and last questions."""
+    records = load(path)
+    rows = []
+    for policy in dict.fromkeys(r["policy"] for r in records):
+        series = {m: [(r["x"], r["value"]) for r in records if r["policy"] == policy and r["metric"] == m
+                      and not isinstance(r["x"], str)] for m in ("kv_mb", "kv_tokens", "rss_mb", "ttft_s")}
+        ttft = [v for _, v in sorted(series["ttft_s"])]
+        if not ttft:
+            continue
+        minutes, kv = max(series["kv_mb"])
+        speed = next((r["value"] for r in records if r["policy"] == policy and r["metric"] == "ingest_speed"), None)
+        rows.append([policy, f"{kv:.1f} MB at {minutes:.0f} min", f"{max(series['kv_tokens'])[1]:,.0f}",
+                     f"{min(series['rss_mb'])[1]:.0f} → {max(series['rss_mb'])[1]:.0f} MB",
+                     f"{np.median(ttft[:5]):.3f} → {np.median(ttft[-5:]):.3f} s", _cell(speed, ".1f")])
+    return table(["policy", "KV at the end", "KV tokens", "RSS first → last question",
+                  "TTFT first 5 → last 5 questions (median)", "ingest × real time"], rows) if rows else ""
 
 
 SECTIONS = {"arena": arena_section, "video_qa": video_qa_section}

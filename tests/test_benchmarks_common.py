@@ -151,6 +151,13 @@ def test_video_qa_tables_are_read_from_its_records(tmp_path):
     times = next(line for line in times.splitlines() if line.startswith("| inf_mllm |")).split(" | ")
     assert times[1:8] == ["0.300", "0.550", "1.550", "2.82", "2.000", "1.050", "11.0 → 21.0"]
     assert "11.0 → 12.0 (round 11)" in section  # the capped cache stopped at its out-of-memory round
+    assert "Orin demo protocol" not in section  # no video_qa_orin.json beside it
+    orin = [common.record("video_qa_orin", "inf_mllm", 64, m, v * k, k / 2) for k in range(1, 9)
+            for m, v in (("kv_mb", 1.0), ("kv_tokens", 10), ("rss_mb", 100.0), ("ttft_s", 0.1))]
+    (tmp_path / "video_qa_orin.json").write_text(json.dumps(orin + [
+        common.record("video_qa_orin", "inf_mllm", 64, "ingest_speed", 19.0, "4 min")]))
+    section = video_qa_section(tmp_path / "video_qa.json")  # medians of questions 1-5 and 4-8: 0.3 → 0.6 s
+    assert "| inf_mllm | 8.0 MB at 4 min | 80 | 100 → 800 MB | 0.300 → 0.600 s | 19.0 |" in section
     readme = tmp_path / "README.md"
     readme.write_text("<!-- video_qa:begin -->\nold\n<!-- video_qa:end -->\n")
     write_readme(readme, section, "video_qa")
