@@ -206,7 +206,7 @@ def video_qa_section(path) -> str:
                       f"{kv.get(10, float('nan')):.1f} → {kv[last]:.1f}"
                       + (f" (round {last})" if last < longest else ""),
                       f"{rss[last]:.0f}"])
-    short = [f"round {n}" for n in lengths if n <= 10]
+    short = [f"round {n} of the {n}-round videos" for n in lengths if n <= 10]
     orin = orin_table(Path(path).with_name("video_qa_orin.json"))
     return ("### video_qa\n\nAccuracy (`evicted`: the questions whose "
             "clip had left the cache when asked; recall@k: the share of those whose clip was linked back):\n\n"
