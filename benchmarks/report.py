@@ -176,8 +176,12 @@ def video_qa_section(path) -> str:
     if not records:
         return f"### video_qa\n\n(no results in {path})\n"
     value = {(r["policy"], r["metric"], r["x"]): r["value"] for r in records}
-    longest = max(r["x"] for r in records if r["metric"] == "accuracy" and isinstance(r["x"], int))
+    per_round = defaultdict(dict)  # (policy, metric) → {round: value}, the longest video's rounds
+    for r in records:
+        if isinstance(r["x"], int) and r["metric"] in ("ttft_s", "kv_mb", "rss_mb"):
+            per_round[(r["policy"], r["metric"])][r["x"]] = r["value"]
     lengths = sorted({r["x"] for r in records if r["metric"] == "accuracy" and isinstance(r["x"], int)})
+    longest = lengths[-1]
     policies = list(dict.fromkeys(r["policy"] for r in records))
     backs = ["0", "1-4", "8-16", "32-64", "128-256"]
 
@@ -191,15 +195,12 @@ def video_qa_section(path) -> str:
                  cell(p, "ingest_speed", longest, ".1f")] for p in policies]
     times = []
     for p in policies:
-        per_round = {r["x"]: r["value"] for r in records if r["policy"] == p and isinstance(r["x"], int)
-                     and r["metric"] == "ttft_s"}
-        if not per_round:
+        ttft, kv, rss = (per_round[(p, m)] for m in ("ttft_s", "kv_mb", "rss_mb"))
+        if not ttft:
             continue
-        kv = {r["x"]: r["value"] for r in records if r["policy"] == p and r["metric"] == "kv_mb"}
-        rss = {r["x"]: r["value"] for r in records if r["policy"] == p and r["metric"] == "rss_mb"}
-        first = float(np.median([v for x, v in per_round.items() if x <= 10]))
+        first = float(np.median([v for x, v in ttft.items() if x <= 10]))
         tail = value.get((p, "ttft_s", f"{longest}r rounds {longest - 9}-{longest}"))
-        last = max(per_round)
+        last = max(ttft)
         times.append([p, *(cell(p, "ttft_s", f"{n}r round {n}") for n in lengths if n <= 10), f"{first:.3f}",
                       _cell(tail, ".3f"), _cell(tail / first if tail else None, ".2f"),
                       cell(p, "ttft_s", f"{longest}r round {longest}"), cell(p, "ttft_s", f"{longest}r all rounds"),

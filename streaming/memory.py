@@ -10,6 +10,7 @@ rest for everything else; the margins are per device kind because an out-of-memo
 takes the whole device's workload with it, while a discrete GPU's memory is the GPU's alone.
 """
 
+import functools
 import os
 import re
 import time
@@ -192,6 +193,7 @@ def auto_budget_for(adapter, max_new_tokens: int = 16, device: str | None = None
     return tokens, auto
 
 
+@functools.cache
 def _libc():
     import ctypes
     import ctypes.util
