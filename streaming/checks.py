@@ -9,12 +9,13 @@ import datetime
 import math
 import os
 import re
+import signal
 import sys
 import tempfile
 import traceback
 from pathlib import Path
 
-from .errors import ConfigError
+from .errors import ConfigError, OutputError
 
 EXIT_BUG, EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED = 1, 2, 141, 130
 MAX_NEW_TOKENS = 4096
@@ -113,3 +114,87 @@ def detach_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+class CheckedStdout:
+    """stdout for the answers: a write that fails for lack of space or a dead device is one user-facing line
+    (`OutputError`), not an internal error. A reader that left (EPIPE) stays a BrokenPipeError: exit 141."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def _fault(self, err: OSError) -> OutputError:
+        return OutputError(f"cannot write the answers to stdout ({err.strerror or err}); the answers given so far "
+                           f"are above (and in the session transcript with --session)")
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise self._fault(err) from err
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise self._fault(err) from err
+
+
+def checked_stdout() -> CheckedStdout:
+    """stdout, checked before the model loads: closed (`>&-`) or going to a full device is known now."""
+    import stat
+
+    try:
+        st = os.fstat(1)
+    except OSError:
+        st = None
+    if sys.stdout is None or st is None:
+        raise OutputError("stdout is closed (>&-): the answers have nowhere to go; redirect it to a file or "
+                          "/dev/null instead")
+    full = stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 7)  # /dev/full
+    if stat.S_ISREG(st.st_mode):
+        try:
+            vfs = os.fstatvfs(1)
+            full = vfs.f_bavail == 0 and vfs.f_blocks > 0
+        except OSError:
+            pass
+    if full:
+        raise OutputError("stdout goes to a full disk (no space left): the answers could not be written; free "
+                          "some space or write them elsewhere")
+    return CheckedStdout(sys.stdout)
+
+
+class Stopped(KeyboardInterrupt):
+    """A signal that ends the run like Ctrl-C (every answer given so far flushed); `signum` sets the exit status."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
+# SIGHUP (the terminal closed) and SIGQUIT (Ctrl-backslash) end as 128 + their number; SIGTERM as Ctrl-C (130)
+STOP_STATUS = {signal.SIGTERM: EXIT_INTERRUPTED, signal.SIGHUP: 128 + signal.SIGHUP,
+               signal.SIGQUIT: 128 + signal.SIGQUIT}
+
+
+def stop_on_signals() -> None:
+    for signum in STOP_STATUS:
+        signal.signal(signum, _stop)
+
+
+def stop_status(stop: KeyboardInterrupt) -> int:
+    return STOP_STATUS.get(getattr(stop, "signum", None), EXIT_INTERRUPTED)
+
+
+def warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """`warnings.showwarning` for the CLI: a library's warning as the one line a user reads."""
+    print(f"warning: {one_line(message) if isinstance(message, BaseException) else message}", file=sys.stderr,
+          flush=True)

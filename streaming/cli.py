@@ -9,12 +9,24 @@ import argparse
 import json
 import os
 import select
-import signal
 import sys
 import threading
+import warnings
 
-from .checks import EXIT_BROKEN_PIPE, EXIT_BUG, check_args, check_device, detach_stdout, one_line, write_bug_report
-from .errors import ConfigError, is_user_error
+from .checks import (
+    EXIT_BROKEN_PIPE,
+    EXIT_BUG,
+    check_args,
+    check_device,
+    checked_stdout,
+    detach_stdout,
+    one_line,
+    stop_on_signals,
+    stop_status,
+    warning_line,
+    write_bug_report,
+)
+from .errors import ConfigError, environment_fault, is_user_error
 from .memory import tune_allocator
 from .questions import MAX_QUESTION_CHARS, Question, QuestionError, Schedule, check_times, every, parse_ask, read_file
 from .sources import bundled_clip, open_source
@@ -187,7 +199,7 @@ def load_session(args, adapter, folder=None):
         budget, auto = auto_budget_for(adapter, args.max_new_tokens, args.device)
         print(f"stream-qa: --budget auto: {budget} tokens per layer ({auto.explain()})", file=sys.stderr)
     try:
-        store = {"store": str(folder.store_path)} if folder is not None else {}
+        store = {"store": folder.open_store()} if folder is not None else {}
         session = adapter.new_session(args.policy, budget=budget, **store, **policy_kwargs(args))
     except ValueError as err:  # the policy refuses these options (window larger than the budget, …)
         raise ConfigError(f"--policy {args.policy}: {one_line(err)}") from err
@@ -201,31 +213,36 @@ def load_session(args, adapter, folder=None):
     return session
 
 
-def _interrupt(signum, frame):
-    """SIGTERM stops like Ctrl-C: the answers written so far stay whole."""
-    raise KeyboardInterrupt
-
-
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_signals()  # SIGTERM, SIGHUP, SIGQUIT: like Ctrl-C
     tune_allocator()  # a stream runs for hours: freed tensor memory goes back to the OS
-    out = sys.stdout
+    with warnings.catch_warnings():
+        warnings.showwarning = warning_line  # the store's "disk full" as one line
+        return _main(args, argv)
+
+
+def _main(args, argv) -> int:
     try:
+        out = checked_stdout()  # before anything opens a file: a closed fd 1 would be handed to it
         return _run(args, out)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         try:
-            out.flush()
-        except BrokenPipeError:
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError, ValueError, AttributeError):
             detach_stdout()
         print("stream-qa: stopped; every answer given so far is above", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return stop_status(stop)
     except BrokenPipeError:  # the reader left (`stream-qa … | head -1`): stop quietly, as a pipe stage does
         detach_stdout()
         return EXIT_BROKEN_PIPE
     except Exception as err:
         if is_user_error(err):  # bad input or set-up (AssetError included): one line
             print(f"stream-qa: {one_line(err)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        fault = environment_fault(err)
+        if fault:  # a disk, permission or file fault of this machine: one line, and not called a bug
+            print(f"stream-qa: {fault}", file=sys.stderr)
             return EXIT_BAD_INPUT
         path = write_bug_report(err, "stream-qa", argv)  # anything else is ours: keep the traceback
         print(f"stream-qa: internal error ({type(err).__name__}: {one_line(err)[:200]}); this is a bug, "
@@ -319,7 +336,7 @@ def _run(args, out) -> int:
         if isinstance(schedule, StdinQuestions):
             schedule.close()
         if folder is not None:
-            folder.close()
+            folder.close(session.store)
     return 0
 
 
