@@ -212,8 +212,11 @@ class SpanStore:
         self._lock = diskio.FolderLock(self.folder)
         self.writable = self._lock.acquire()
         self._index = diskio.AppendLog(self.folder / self.INDEX)
-        for tmp in self.folder.glob("*.tmp") if self.writable else []:  # a write a crash cut short
-            diskio.remove(tmp)
+        try:
+            for tmp in self.folder.glob("*.tmp") if self.writable else []:  # a write a crash cut short
+                diskio.remove(tmp)
+        except OSError as err:
+            self._stop_writing(diskio.why(err))
         self._read_index()
         if not self.writable and self.folder.exists():
             warnings.warn(f"span store: {self.folder} cannot be written (read-only disk or no permission); "
@@ -264,7 +267,7 @@ class SpanStore:
                 diskio.write_atomic(self.folder / self.INDEX, b"".join(map(store_index.encode, rows)))
             except OSError as err:
                 self._stop_writing(f"the repaired index cannot be written ({diskio.why(err)})")
-        warnings.warn(f"span store: {self.folder / self.INDEX}: {'; '.join(what)} (a write cut short by a crash?); "
+        warnings.warn(f"span store: {self.folder / self.INDEX}: {'; '.join(what)} (a write cut short by a crash or a full disk); "
                       f"{len(self.spans)} clip(s) readable", stacklevel=4)
 
     @property
