@@ -267,8 +267,8 @@ class SpanStore:
                 diskio.write_atomic(self.folder / self.INDEX, b"".join(map(store_index.encode, rows)))
             except OSError as err:
                 self._stop_writing(f"the repaired index cannot be written ({diskio.why(err)})")
-        warnings.warn(f"span store: {self.folder / self.INDEX}: {'; '.join(what)} (a write cut short by a crash or a full disk); "
-                      f"{len(self.spans)} clip(s) readable", stacklevel=4)
+        warnings.warn(f"span store: {self.folder / self.INDEX}: {'; '.join(what)} (a write cut short by a crash or a "
+                      f"full disk); {len(self.spans)} clip(s) readable", stacklevel=4)
 
     @property
     def next_id(self) -> int:
