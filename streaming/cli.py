@@ -1,16 +1,13 @@
 """`stream-qa`: answer questions about a video file, webcam or stream while it plays, in bounded memory.
 
 Answers go to stdout (text, or JSON lines with --json), progress and telemetry to stderr. Bad input
-ends with one line on stderr and a non-zero exit; Ctrl-C or SIGTERM stops after flushing every
-answer already given.
+ends with one line on stderr and a non-zero exit; Ctrl-C, SIGTERM, SIGHUP or SIGQUIT stops after
+flushing every answer already given.
 """
 
 import argparse
 import json
-import os
-import select
 import sys
-import threading
 import warnings
 
 from .checks import (
@@ -28,8 +25,9 @@ from .checks import (
 )
 from .errors import ConfigError, environment_fault, is_user_error
 from .memory import tune_allocator
-from .questions import MAX_QUESTION_CHARS, Question, QuestionError, Schedule, check_times, every, parse_ask, read_file
+from .questions import Question, QuestionError, Schedule, check_times, every, parse_ask, read_file
 from .sources import bundled_clip, open_source
+from .stdin import StdinQuestions
 
 DEFAULT_QUESTIONS = ("what is in the video? @4s", "is there a bicycle? @8s", "In clip 1, what did you see? @10s")
 EXIT_BAD_INPUT, EXIT_SOAK_FAILED, EXIT_INTERRUPTED = 2, 3, 130
@@ -115,76 +113,6 @@ def questions_from(args, duration: float | None) -> tuple[list[Question], bool]:
     if not qs and default_run:
         qs = [parse_ask(a) for a in DEFAULT_QUESTIONS]
     return qs, not qs
-
-
-class StdinQuestions:
-    """Questions typed or piped on stdin, read on a thread and released at the next turn boundary.
-
-    The thread reads fd 0 with select + os.read and stops when `close()` is called: a thread blocked in
-    `sys.stdin.buffer` holds that object's lock, and at interpreter shutdown (a terminal never sends
-    EOF) Python aborts on it ("Fatal Python error", SIGABRT, exit 134)."""
-
-    def __init__(self, schedule: Schedule):
-        self.schedule, self.lock, self.error = schedule, threading.Lock(), None
-        self.closed, self.eof = threading.Event(), threading.Event()
-        if sys.stdin is None or sys.stdin.closed:
-            self.eof.set()
-            return
-        if sys.stdin.isatty():
-            print("stream-qa: type a question and press Enter (\"… @30s\" to ask at a video time)", file=sys.stderr)
-        self.thread = threading.Thread(target=self._read, daemon=True, name="stdin")
-        self.thread.start()
-
-    def _read(self) -> None:
-        pending = b""
-        try:
-            fd = sys.stdin.fileno()
-            while not self.closed.is_set():
-                if not select.select([fd], [], [], 0.2)[0]:
-                    continue
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                *lines, pending = (pending + chunk).split(b"\n")
-                for line in lines:
-                    self._add(line)
-                if len(pending) > 4 * MAX_QUESTION_CHARS:  # UTF-8 is at most 4 bytes a character
-                    raise QuestionError(f"a question longer than {MAX_QUESTION_CHARS:,} characters")
-            if pending and not self.closed.is_set():
-                self._add(pending)
-        except UnicodeDecodeError:
-            self.error = QuestionError("stdin: the question text is not UTF-8")
-        except QuestionError as err:
-            self.error = QuestionError(f"stdin: {err}")
-        except (OSError, ValueError):  # stdin closed under us: no more questions
-            pass
-        finally:
-            self.eof.set()
-
-    def _add(self, line: bytes) -> None:
-        text = line.decode("utf-8").strip()
-        if text:
-            with self.lock:
-                self.schedule.add(parse_ask(text))
-
-    def close(self) -> None:
-        self.closed.set()
-        if getattr(self, "thread", None) is not None:
-            self.thread.join(timeout=1.0)
-
-    def due(self, t):
-        if self.error:
-            raise self.error
-        with self.lock:
-            return self.schedule.due(t)
-
-    def rest(self):
-        if not sys.stdin.isatty():  # a pipe: what it already holds is asked too
-            self.eof.wait(timeout=2.0)
-        if self.error:
-            raise self.error
-        with self.lock:
-            return self.schedule.rest()
 
 
 def policy_kwargs(args) -> dict:

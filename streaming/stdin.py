@@ -1,0 +1,78 @@
+"""Questions typed or piped on stdin while a video plays, released at the next turn boundary."""
+
+import os
+import select
+import sys
+import threading
+
+from .questions import MAX_QUESTION_CHARS, QuestionError, Schedule, parse_ask
+
+
+class StdinQuestions:
+    """Questions typed or piped on stdin, read on a thread and released at the next turn boundary.
+
+    The thread reads fd 0 with select + os.read and stops when `close()` is called: a thread blocked in
+    `sys.stdin.buffer` holds that object's lock, and at interpreter shutdown (a terminal never sends
+    EOF) Python aborts on it ("Fatal Python error", SIGABRT, exit 134)."""
+
+    def __init__(self, schedule: Schedule):
+        self.schedule, self.lock, self.error = schedule, threading.Lock(), None
+        self.closed, self.eof = threading.Event(), threading.Event()
+        if sys.stdin is None or sys.stdin.closed:
+            self.eof.set()
+            return
+        if sys.stdin.isatty():
+            print("stream-qa: type a question and press Enter (\"… @30s\" to ask at a video time)", file=sys.stderr)
+        self.thread = threading.Thread(target=self._read, daemon=True, name="stdin")
+        self.thread.start()
+
+    def _read(self) -> None:
+        pending = b""
+        try:
+            fd = sys.stdin.fileno()
+            while not self.closed.is_set():
+                if not select.select([fd], [], [], 0.2)[0]:
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    self._add(line)
+                if len(pending) > 4 * MAX_QUESTION_CHARS:  # UTF-8 is at most 4 bytes a character
+                    raise QuestionError(f"a question longer than {MAX_QUESTION_CHARS:,} characters")
+            if pending and not self.closed.is_set():
+                self._add(pending)
+        except UnicodeDecodeError:
+            self.error = QuestionError("stdin: the question text is not UTF-8")
+        except QuestionError as err:
+            self.error = QuestionError(f"stdin: {err}")
+        except (OSError, ValueError):  # stdin closed under us: no more questions
+            pass
+        finally:
+            self.eof.set()
+
+    def _add(self, line: bytes) -> None:
+        text = line.decode("utf-8").strip()
+        if text:
+            with self.lock:
+                self.schedule.add(parse_ask(text))
+
+    def close(self) -> None:
+        self.closed.set()
+        if getattr(self, "thread", None) is not None:
+            self.thread.join(timeout=1.0)
+
+    def due(self, t):
+        if self.error:
+            raise self.error
+        with self.lock:
+            return self.schedule.due(t)
+
+    def rest(self):
+        if not sys.stdin.isatty():  # a pipe: what it already holds is asked too
+            self.eof.wait(timeout=2.0)
+        if self.error:
+            raise self.error
+        with self.lock:
+            return self.schedule.rest()
