@@ -118,6 +118,8 @@ class AppendLog:
             os.close(self.fd)
             self.fd = None
 
+    __del__ = close  # a log dropped without close() (an error on the way) does not keep its descriptor
+
 
 class FolderBusy(RuntimeError):
     """Another live process holds the folder's lock (`pid`: its process id, None if unknown)."""
@@ -170,6 +172,8 @@ class FolderLock:
         if self.fd is not None:
             os.close(self.fd)  # releases the flock; the file stays (removing it would race a new holder)
             self.fd = None
+
+    __del__ = release  # a holder dropped without release() (an error on the way) frees the folder
 
 
 def _read_pid(fd: int) -> int | None:

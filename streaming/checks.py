@@ -58,8 +58,29 @@ def check_args(args) -> None:
     if args.webcam is not None and args.webcam < 0:
         raise ConfigError(f"--webcam takes a camera index ≥ 0, got {args.webcam}")
     check_budget(args.budget)
+    if str(args.budget).strip().lower() == "auto":
+        args.budget = "auto"  # AUTO, Auto: the one spelling the loader knows
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
         raise ConfigError(f"--device must be cpu, cuda, cuda:N or mps, got {args.device!r}")
+
+
+def check_output_file(option: str, path: str) -> None:
+    """A file stream-qa will write: its folder must exist and be a folder, known before the model loads."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise ConfigError(f"{option} {path}: the folder {folder} does not exist" if not folder.exists() else
+                          f"{option} {path}: {folder} is not a folder")
+    if Path(path).is_dir():
+        raise ConfigError(f"{option} {path} is a folder: give a file name")
+
+
+def check_context(budget: int, headroom: int, context: int) -> None:
+    """A budget whose cache, with one clip turn, a question and an answer on top (`headroom`), would run past the
+    positions the model was trained on: refused, with the largest budget that fits."""
+    if budget + headroom > context:
+        raise ConfigError(f"budget of {budget:,} tokens per layer runs past the model's context of {context:,} "
+                          f"positions once a clip turn, a question and an answer are added ({headroom} tokens): "
+                          f"use --budget {max(context - headroom, 1)} or less")
 
 
 def check_device(device: str) -> None:

@@ -14,7 +14,9 @@ from .checks import (
     EXIT_BROKEN_PIPE,
     EXIT_BUG,
     check_args,
+    check_context,
     check_device,
+    check_output_file,
     checked_stdout,
     detach_stdout,
     one_line,
@@ -91,8 +93,12 @@ def open_session_dir(args):
         return None
     folder = SessionDir(args.session or args.resume, resume=bool(args.resume))
     if args.resume:
-        for key, value in folder.settings().items():
-            setattr(args, key, value)
+        parser = build_parser()
+        try:
+            folder.resume_args(args, {k: parser.get_default(k) for k in SESSION_SETTINGS})
+        except ConfigError:
+            folder.close()  # refused: the folder is free for the next try
+            raise
     elif "+recall" not in args.policy:
         args.policy += "+recall"  # the store is what a resumed session answers from
     return folder
@@ -138,6 +144,7 @@ def load_session(args, adapter, folder=None):
         if min(budgets) < turn + ask:
             raise UsageError(f"budget of {min(budgets)} tokens per layer cannot hold one clip turn and a question "
                              f"({turn + ask} tokens): raise --budget")
+        check_context(max(budgets), turn + ask + args.max_new_tokens, adapter.describe().context_length)
     return session
 
 
@@ -219,7 +226,7 @@ def _run(args, out) -> int:
     if folder is not None and args.resume:
         resume_at = folder.resume_point(session.store)
         restored = session.restore()
-        qs = [q for q in qs if q.at is None or q.at >= resume_at[1]]  # those before were asked already
+        qs = folder.pending(qs, resume_at[1])  # those before it: asked now unless the transcript has them
         print(f"stream-qa: resuming after clip {resume_at[0]} ({resume_at[1]:.1f} s of video): {len(session.store)} "
               f"clips stored, the last {len(restored)} back in the cache, {len(folder.answered())} answers so far",
               file=sys.stderr)
@@ -278,6 +285,7 @@ def soak_plan(args) -> tuple[int | None, float | None] | None:
         raise UsageError("--soak asks --question every --every of video; --ask and --questions do not apply")
     if not (args.soak_sample >= 0 and args.soak_sample < float("inf")):
         raise UsageError(f"--soak-sample must be a number of seconds ≥ 0, got {args.soak_sample}")
+    check_output_file("--soak-log", args.soak_log)
     return parse_soak(args.soak)
 
 

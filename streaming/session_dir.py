@@ -111,6 +111,33 @@ class SessionDir:
             self.warn(f"--session {self.path}: {SETTINGS} cannot be written ({diskio.why(err)}); this session cannot "
                       f"be resumed, the answers are still printed")
 
+    def resume_args(self, args, defaults: dict) -> None:
+        """Complete `args` from the settings the session started with. An option the user gave that differs
+        from them is refused rather than silently ignored (the store's clips were made with those settings)."""
+        settings = self.settings()
+        given = [k for k, v in settings.items() if getattr(args, k, None) not in (defaults.get(k), v)]
+        if given:
+            names = ", ".join(f"--{k.replace('_', '-')}" if k != "video" else "the video" for k in given)
+            raise ConfigError(f"--resume {self.path} continues with the settings the session started with; {names} "
+                              f"differ{'s' if len(given) == 1 else ''} from them: leave "
+                              f"{'it' if len(given) == 1 else 'them'} out, or start a new --session")
+        for key, value in settings.items():
+            setattr(args, key, value)
+
+    def pending(self, questions: list, resume_at: float) -> list:
+        """The questions a resumed run asks: those timed before the resume point that the transcript does not hold
+        yet are asked at once (answered from the stored clips), with one line saying so; those it holds are not
+        asked twice."""
+        from .questions import Question
+
+        done = {row.get("question") for row in self.answered()}
+        late = [q for q in questions if q.at is not None and q.at < resume_at]
+        asked = [q for q in late if q.text not in done]
+        if asked:
+            self.warn(f"{len(asked)} question(s) timed before the resume point ({resume_at:.1f} s of video) are asked "
+                      f"now, from the stored clips")
+        return [Question(q.text) for q in asked] + [q for q in questions if q not in late]
+
     def resume_point(self, store) -> tuple[int, float]:
         """(clips already in the store, video time they cover): where the stream goes on."""
         clips = [span.meta for span in store.spans.values() if "clip" in span.meta]

@@ -1,0 +1,102 @@
+"""Issue 21's misleading cases, each with the message or behaviour a user should get. They are meant as rows
+of the reliability table (jetson/reliability.py); until that table's split into a package lands they live
+here. Cases decided before the model loads run `stream-qa` in this process; the others share one real
+tiny-vlm; an environment fault inside the model loader runs in its own process."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from argparse import Namespace
+
+import pytest
+
+from streaming.checks import check_args
+from streaming.cli import build_parser, main
+from streaming.sources import bundled_clip
+
+ASK = ["--fast", "--clip-seconds", "5", "--max-new-tokens", "2", "--json"]
+
+
+@pytest.fixture
+def shared_model(vlm, monkeypatch):
+    import models
+
+    monkeypatch.setattr(models, "load_adapter", lambda name, path=None, device="cpu": vlm)
+    return vlm
+
+
+def last_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines, "no message"
+    return lines[-1]
+
+
+def test_budget_auto_in_capitals_is_auto():
+    args = build_parser().parse_args([str(bundled_clip()), "--budget", "AUTO"])
+    check_args(args)
+    assert args.budget == "auto"  # the spelling load_session acts on, so it cannot pass here and fail after loading
+
+
+def test_a_soak_log_in_a_missing_folder_is_refused_before_the_model_loads(tmp_path, capsys):
+    log = tmp_path / "no-such-folder" / "soak.jsonl"
+    code = main([str(bundled_clip()), "--soak", "20", "--soak-log", str(log)])
+    assert code == 2
+    assert last_line(capsys) == f"stream-qa: --soak-log {log}: the folder {log.parent} does not exist"
+
+
+def test_resume_refuses_options_it_would_ignore(tmp_path, capsys, shared_model):
+    folder = tmp_path / "s"
+    assert main([str(bundled_clip()), "--session", str(folder), *ASK, "--ask", "what is it? @4s"]) == 0
+    capsys.readouterr()
+    code = main(["--resume", str(folder), "--model", "chat-univi", "/x", "--budget", "256"])
+    assert code == 2
+    assert last_line(capsys) == (f"stream-qa: --resume {folder} continues with the settings the session started "
+                                 f"with; --model, --budget differ from them: leave them out, or start a new --session")
+    # a question timed before the resume point is asked now (from the stored clips), one asked already is not
+    code = main(["--resume", str(folder), "--json", "--ask", "what is it? @4s", "--ask", "what is the color? @2s"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-1500:]
+    asked = [json.loads(line)["question"] for line in captured.out.splitlines()]
+    assert asked == ["what is the color?"]
+    assert "1 question(s) timed before the resume point (10.0 s of video) are asked now" in captured.err
+
+
+def test_a_budget_past_the_models_context_is_refused(capsys, shared_model):
+    code = main([str(bundled_clip()), *ASK, "--budget", "9000"])
+    assert code == 2
+    line = last_line(capsys)
+    assert line.startswith("stream-qa: budget of 9,000 tokens per layer runs past the model's context of 8,192 "
+                           "positions"), line
+    assert line.endswith("or less")
+
+
+def test_a_short_soak_with_a_falling_slope_is_no_leak():
+    """20 rounds whose RSS falls with noise: the interval is wide, the slope negative. Not a FAIL: a leak grows;
+    the description says the run is too short to judge."""
+    from streaming.soak import describe, verdict
+
+    rss = [900 - 0.2 * r + (3 if r % 2 else -3) for r in range(1, 21)]
+    samples = [{"round": r, "t_s": float(r), "rss_mb": m, "kv_tokens": 560, "kv_mb": 20.0, "swap_used_mb": 0.0}
+               for r, m in zip(range(1, 21), rss, strict=True)]
+    run = {"samples": samples, "budget": 512, "rounds": 20, "policy": "inf_mllm", "elapsed_s": 20.0,
+           "s_per_round": 1.0, "peak_kv_tokens": 560, "turn_tokens": 40, "question_tokens": 15, "oom_events": [],
+           "stopped": None, "answers": 2, "expected_answers": 2, "empty_answers": 0}
+    v = verdict(run, Namespace(warmup=0.2, max_new_tokens=16))
+    assert v["rss_slope_mb_per_round"] < 0 and v["rss_slope_ci95_mb_per_round"] > 0.01 and v["passed"]
+    text = describe(v)
+    assert "verdict: PASS" in text and "20 rounds are too few to tell a slow leak from noise" in text
+    assert not math.isnan(v["rss_slope_mb_per_round"])
+
+
+def test_a_model_cache_that_cannot_be_written_is_an_environment_fault_not_a_bug(tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder should be")
+    env = {**os.environ, "INF_MLLM_CACHE": str(blocker / "cache"), "STREAM_QA_LOG_DIR": str(tmp_path / "logs")}
+    out = subprocess.run([sys.executable, "-m", "streaming.cli", str(bundled_clip()), "--fast", "--ask", "what?"],
+                         capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert last.startswith("stream-qa: Not a directory") and "not of stream-qa or your input" in last
+    assert "bug" not in last
