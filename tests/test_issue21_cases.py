@@ -100,3 +100,25 @@ def test_a_model_cache_that_cannot_be_written_is_an_environment_fault_not_a_bug(
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert last.startswith("stream-qa: Not a directory") and "not of stream-qa or your input" in last
     assert "bug" not in last
+
+
+def test_stdout_filling_up_mid_run_is_one_line_and_the_answer_is_kept(tmp_path, capsys, monkeypatch, shared_model):
+    """stdout on a disk that fills during the run: the first answer cannot be printed. One line naming the cause
+    (exit 2, no "bug"), and the session transcript already holds that answer."""
+    import errno
+
+    class FullDisk:
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", FullDisk())
+    folder = tmp_path / "s"
+    code = main([str(bundled_clip()), "--session", str(folder), *ASK, "--ask", "what is it? @4s"])
+    line = last_line(capsys)
+    assert code == 2 and "bug" not in line
+    assert line.startswith("stream-qa: cannot write the answers to stdout (No space left on device)")
+    saved = [json.loads(x) for x in (folder / "transcript.jsonl").read_text().splitlines()]
+    assert [r["question"] for r in saved] == ["what is it?"]
