@@ -122,3 +122,75 @@ def test_stdout_filling_up_mid_run_is_one_line_and_the_answer_is_kept(tmp_path, 
     assert line.startswith("stream-qa: cannot write the answers to stdout (No space left on device)")
     saved = [json.loads(x) for x in (folder / "transcript.jsonl").read_text().splitlines()]
     assert [r["question"] for r in saved] == ["what is it?"]
+
+
+# --- streams paced by video time, pipes -------------------------------------------------------------
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A 10 s MJPEG AVI (40 frames at 4 fps) served over HTTP by a thread of this process."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    from jetson.reliability import write_video
+
+    write_video(tmp_path / "ten.avi", 64, 64, frames=40, fps=4.0, fourcc="MJPG")
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/ten.avi"
+    server.shutdown()
+
+
+def test_a_url_serving_a_file_follows_the_videos_own_clock(served):
+    import time
+
+    from streaming.sources import CaptureSource
+
+    fast = CaptureSource(served, fps=1.0, realtime=False)
+    assert fast.duration == pytest.approx(10.0) and not fast.live
+    assert [round(f.t, 2) for f in fast] == [float(s) for s in range(10)]  # video time, not download time
+    paced = CaptureSource(served, fps=1.0)
+    assert paced.live  # paced to real time: a clip the model has no room for is dropped, as for a paced file
+    start = time.monotonic()
+    times = [f.t for _, f in zip(range(3), paced, strict=False)]
+    assert times == pytest.approx([0.0, 1.0, 2.0]) and time.monotonic() - start >= 1.9
+
+
+def test_a_pipe_is_read_as_the_video_it_carries(tmp_path):
+    import threading
+
+    from streaming.sources import FileSource, SourceError
+
+    fifo = tmp_path / "video.pipe"
+    for data in (bundled_clip().read_bytes(), b""):
+        os.mkfifo(fifo)
+
+        def write(data=data):
+            with open(fifo, "wb") as pipe:
+                pipe.write(data)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        if data:
+            source = FileSource(fifo, fps=1.0)
+            assert source.duration == pytest.approx(10.0) and [f.t for f in source] == [float(s) for s in range(10)]
+        else:
+            with pytest.raises(SourceError, match="a pipe that carried no data"):
+                FileSource(fifo, fps=1.0)
+        writer.join()
+        fifo.unlink()
+
+
+@pytest.mark.slow
+def test_cat_video_into_stream_qa_dev_stdin_plays():
+    out = subprocess.run([sys.executable, "-m", "streaming.cli", "/dev/stdin", *ASK, "--ask", "what is it?"],
+                         input=bundled_clip().read_bytes(), capture_output=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-1500:]
+    assert [json.loads(line)["question"] for line in out.stdout.splitlines()] == ["what is it?"]
