@@ -207,6 +207,9 @@ class FileSource:
         indices = self.sample_indices()
         start = time.monotonic()
         for loop in range(self.loops):
+            if loop and not self.path.exists():  # each pass opens the file again
+                raise SourceError(f"{self.path} was deleted or moved while it played (after {loop} of {self.loops} "
+                                  f"passes): the stream ends here")
             if loop and self._decord is not None:
                 # decord's reader keeps memory from every seek (about 3.5 KB a frame read, measured): a fresh
                 # reader for each pass keeps a looped run flat for hours

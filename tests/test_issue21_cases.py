@@ -194,3 +194,16 @@ def test_cat_video_into_stream_qa_dev_stdin_plays():
                          input=bundled_clip().read_bytes(), capture_output=True, timeout=300)
     assert out.returncode == 0, out.stderr[-1500:]
     assert [json.loads(line)["question"] for line in out.stdout.splitlines()] == ["what is it?"]
+
+
+def test_a_video_deleted_mid_run_ends_in_one_line_not_a_bug(tmp_path):
+    from streaming.sources import FileSource, SourceError
+
+    video = tmp_path / "v.mp4"
+    video.write_bytes(bundled_clip().read_bytes())
+    frames = iter(FileSource(video, fps=1.0, loops=3))
+    first_pass = [next(frames) for _ in range(10)]
+    video.unlink()
+    with pytest.raises(SourceError, match=r"was deleted or moved while it played \(after 1 of 3 passes\)"):
+        next(frames)
+    assert first_pass[-1].t == 9.0
