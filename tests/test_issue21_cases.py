@@ -207,3 +207,28 @@ def test_a_video_deleted_mid_run_ends_in_one_line_not_a_bug(tmp_path):
     with pytest.raises(SourceError, match=r"was deleted or moved while it played \(after 1 of 3 passes\)"):
         next(frames)
     assert first_pass[-1].t == 9.0
+
+
+def test_resume_of_a_session_on_a_read_only_disk_answers_without_writing(tmp_path, capsys, monkeypatch, shared_model):
+    """Every write into the folder fails with EROFS (a disk remounted read-only): --resume still answers from the
+    stored clips, with one warning, and the folder is exactly as it was."""
+    import errno
+
+    from inf_mllm import diskio
+
+    folder = tmp_path / "s"
+    assert main([str(bundled_clip()), "--session", str(folder), *ASK, "--ask", "what is it? @4s"]) == 0
+    capsys.readouterr()
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+    def read_only(op, path, fd, data):
+        raise OSError(errno.EROFS, "Read-only file system", path)
+
+    monkeypatch.setattr(diskio, "hook", read_only)
+    code = main(["--resume", str(folder), "--json", "--ask", "In clip 1, what did you see?"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-1500:]
+    assert [json.loads(x)["question"] for x in captured.out.splitlines()] == ["In clip 1, what did you see?"]
+    warned = [x for x in captured.err.splitlines() if x.startswith("warning:")]
+    assert len(warned) == 1 and "running read-only" in warned[0], warned
+    assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
