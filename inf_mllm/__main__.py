@@ -4,13 +4,13 @@ text-stream demo."""
 
 import sys
 
-from .policies import COMBINATIONS, POLICIES
+from .spec import COMBINATIONS, SCORERS
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["policies"]:
-        print("\n".join([*POLICIES, *COMBINATIONS]))
+        print("\n".join([*SCORERS, *COMBINATIONS]))
         return 0
     if argv[:1] == ["calibrate"]:
         from .calibrate import main as calibrate

@@ -20,7 +20,9 @@ from pathlib import Path
 import torch
 
 from .cache import StreamingCache
-from .policies import make_policy, priority_curve, resample_curve
+from .policies import build
+from .policies.priority import priority_curve, resample_curve
+from .spec import PolicySpec
 
 POINTS = 101  # prefix ratios 0, 0.01, ..., 1
 
@@ -30,7 +32,7 @@ def calibrate(model, samples: list[torch.Tensor], points: int = POINTS) -> list[
     """Mean curve per layer over the samples: (1, T) token ids or (1, T, hidden) input embeddings."""
     if not samples:
         raise ValueError("calibration needs at least one sample")
-    policy = make_policy("prefixkv")
+    policy = build(PolicySpec("prefixkv"))
     total = None
     for sample in samples:
         cache = StreamingCache.for_model(model, policy, budget=None)  # no eviction: only accumulate

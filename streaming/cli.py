@@ -10,10 +10,12 @@ import json
 import signal
 import sys
 
+from inf_mllm.spec import PolicySpec, Recall, parse_budget
+
 from .checks import EXIT_BROKEN_PIPE, EXIT_BUG, check_args, check_device, detach_stdout, one_line, write_bug_report
 from .errors import ConfigError, is_user_error
-from .memory import tune_allocator
-from .questions import Question, QuestionError, Schedule, check_times, every, parse_ask, read_file
+from .memory import auto_budget_for, tune_allocator
+from .questions import SAMPLE_QUESTION, Question, QuestionError, Schedule, check_times, every, parse_ask, read_file
 from .sources import bundled_clip, open_source
 from .stdin import StdinQuestions
 
@@ -81,8 +83,6 @@ def open_session_dir(args):
     if args.resume:
         for key, value in folder.settings().items():
             setattr(args, key, value)
-    elif "+recall" not in args.policy:
-        args.policy += "+recall"  # the store is what a resumed session answers from
     return folder
 
 
@@ -103,29 +103,35 @@ def questions_from(args, duration: float | None) -> tuple[list[Question], bool]:
     return qs, not qs
 
 
-def policy_kwargs(args) -> dict:
-    return {k: v for k, v in (("bias", args.bias), ("window", args.window)) if v is not None}
+def policy_spec(args, folder=None) -> PolicySpec:
+    """--policy with --bias and --window as its options; a session folder needs recall (the store is
+    what a resumed session answers from)."""
+    try:
+        spec = PolicySpec.parse(args.policy, **{k: v for k, v in (("bias", args.bias), ("window", args.window))
+                                                if v is not None})
+    except ValueError as err:
+        raise UsageError(f"--policy {args.policy}: {one_line(err)}") from err
+    if folder is not None and spec.recall is None:
+        spec = spec.with_recall(Recall())
+    return spec
 
 
-def load_session(args, adapter, folder=None):
-    budget = None if args.policy.startswith("full") else args.budget
+def load_session(args, spec: PolicySpec, adapter, folder=None):
+    budget = parse_budget(args.budget) if spec.bounded else None
     if budget == "auto":
-        from .memory import auto_budget_for
-
         budget, auto = auto_budget_for(adapter, args.max_new_tokens, args.device)
         print(f"stream-qa: --budget auto: {budget} tokens per layer ({auto.explain()})", file=sys.stderr)
     try:
         store = {"store": str(folder.store_path)} if folder is not None else {}
-        session = adapter.new_session(args.policy, budget=budget, **store, **policy_kwargs(args))
+        session = adapter.new_session(spec, budget=budget, **store)
     except ValueError as err:  # the policy refuses these options (window larger than the budget, …)
-        raise ConfigError(f"--policy {args.policy}: {one_line(err)}") from err
+        raise ConfigError(f"--policy {spec.policy_name}: {one_line(err)}") from err
     budgets = session.cache.budgets
     if budgets:
-        turn = adapter.describe().visual_tokens + len(adapter.text_ids("".join(adapter.clip_text(1, 0.0)))[0])
-        ask = len(adapter.text_ids(adapter.question_text("what is the color of the shape?"))[0])
-        if min(budgets) < turn + ask:
+        need = adapter.turn_tokens() + adapter.question_tokens(SAMPLE_QUESTION)
+        if min(budgets) < need:
             raise UsageError(f"budget of {min(budgets)} tokens per layer cannot hold one clip turn and a question "
-                             f"({turn + ask} tokens): raise --budget")
+                             f"({need} tokens): raise --budget")
     return session
 
 
@@ -180,24 +186,19 @@ def _run(args, out) -> int:
         qs, use_stdin = questions_from(args, duration * args.loop if duration else None)
         check_times(qs, duration * args.loop if duration else None)
 
-    from inf_mllm import POLICIES
-    from inf_mllm.recall import parse_policy
+    spec = policy_spec(args, folder)
+    args.policy = spec.name  # what a session folder records (+recall included)
+    # torch and transformers load here, once everything the user gave is known to be good
     from models import ADAPTERS, load_adapter
 
     from .engine import TurnEngine
 
-    try:
-        base, _ = parse_policy(args.policy)
-    except ValueError as err:
-        raise UsageError(f"--policy {args.policy}: {err}") from err
-    if base.split("+")[0] not in POLICIES:  # base may name an allocator and a reducer: inf_mllm+vl_cache_budgets+merge
-        raise UsageError(f"unknown policy {base!r}; available: {', '.join(POLICIES)} (each may end in +recall)")
     if name not in ADAPTERS:
         raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
     check_device(args.device)
     print(f"stream-qa: {video or args.url or f'webcam {args.webcam}'}; loading {name}…", file=sys.stderr)
     adapter = load_adapter(name, path[0] if path else None, device=args.device)
-    session = load_session(args, adapter, folder)
+    session = load_session(args, spec, adapter, folder)
     resume_at = (0, 0.0)
     if folder is not None and args.resume:
         resume_at = folder.resume_point(session.store)

@@ -16,9 +16,10 @@ import numpy as np
 
 from .errors import ConfigError
 from .memory import MB, probe
+from .questions import SAMPLE_QUESTION
 
 GOAL_SLOPE_MB_PER_ROUND = 0.01
-QUESTION = "what is the color of the shape?"
+QUESTION = SAMPLE_QUESTION
 
 
 class CapReached(Exception):
@@ -96,11 +97,6 @@ def linear_fit(x, y) -> dict:
     return {"slope": float(slope), "ci95": q * se, "n": n}
 
 
-def turn_tokens(adapter) -> int:
-    """Tokens one clip turn adds (visual tokens and the turn's text)."""
-    return adapter.describe().visual_tokens + len(adapter.text_ids("".join(adapter.clip_text(1, 0.0)))[0])
-
-
 def run_soak(engine, session, source, schedule, log, *, rounds: int | None, duration_s: float | None,
              sample_s: float, device: str, label: str, cap_bytes: int | None = None, extra=None,
              on_answer=None, on_token=None, on_clip=None) -> dict:
@@ -165,8 +161,8 @@ def run_soak(engine, session, source, schedule, log, *, rounds: int | None, dura
             "oom_events": ([oom_event] if oom_event else [])
             + ([f"kernel oom_kill count +{oom_after - oom_before}"] if oom_before is not None
                and oom_after is not None and oom_after > oom_before else []),
-            "turn_tokens": turn_tokens(adapter), "question_tokens": len(adapter.text_ids(
-                adapter.question_text(getattr(schedule, "text", QUESTION)))[0])}
+            "turn_tokens": adapter.turn_tokens(),
+            "question_tokens": adapter.question_tokens(getattr(schedule, "text", QUESTION))}
 
 
 def verdict(run: dict, args) -> dict:
