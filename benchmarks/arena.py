@@ -20,7 +20,6 @@ import json
 import random
 import sys
 import traceback
-from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,17 +27,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .common import bar_plot, config_for, fraction_of_full, median, policy_names, print_table, record, write
+from .arena_scores import BENCHMARKS, GOAL, QUALITY, fractions
+from .common import bar_plot, config_for, median, policy_names, print_table, record, write
+from .report import arena_section
 
 NAME = "arena"
-BENCHMARKS = ("stream_ppl", "retrieval", "video_qa")
-# the quality each benchmark is ranked by: (metric, x, lower is better)
-QUALITY = {"stream_ppl": ("ppl", "stream", True), "retrieval": ("accuracy", "within budget", False),
-           "video_qa": ("accuracy", "all", False)}
 # the policy strings the arena runs beyond the registry: recall of evicted turns (its references are not
 # configurations, so they stay out)
 EXTRA = ("inf_mllm+recall",)
-GOAL = 0.95  # of the full cache's quality at 1/8 of its context (issue 14)
 
 
 @dataclass(frozen=True)
@@ -152,41 +148,6 @@ def rounds_per_unit(scale: Scale) -> dict[str, int]:
 
     return {"stream_ppl": scale.ppl_tokens // CHUNK, "retrieval": scale.retrieval_rounds * scale.retrieval_seeds,
             "video_qa": scale.video_rounds * scale.videos}
-
-
-# --- fractions of the full cache and the best configuration -------------------------------------------
-
-
-def fractions(records) -> list[dict]:
-    """`of_full` records: each bounded policy's quality (ppl, accuracy) over the full cache's on the same
-    questions (x "within budget" is read against the full cache's x "within <budget>")."""
-    full = {(r["benchmark"], r["metric"], r["x"]): r["value"] for r in records
-            if r["policy"] == "full" and r["metric"] in ("ppl", "accuracy")}
-    out = []
-    for r in records:
-        if r["policy"] == "full" or r["metric"] not in ("ppl", "accuracy"):
-            continue
-        x = f"within {r['budget']}" if r["x"] == "within budget" else r["x"]
-        ref = full.get((r["benchmark"], r["metric"], x))
-        if ref is not None:
-            out.append(record(r["benchmark"], r["policy"], r["budget"], "of_full",
-                              fraction_of_full(r["value"], ref, lower_is_better=r["metric"] == "ppl"), r["x"]))
-    return out
-
-
-def best_at(records, budget: int, goal_benchmarks=("retrieval", "video_qa")):
-    """(policy, {benchmark: of_full}) of the configuration at `budget` whose worst fraction of the full
-    cache over `goal_benchmarks` (their QUALITY) is highest; None when no policy has them all."""
-    at = defaultdict(dict)
-    for r in records:
-        if r["metric"] == "of_full" and r["budget"] == budget and r["x"] == QUALITY[r["benchmark"]][1]:
-            at[r["policy"]][r["benchmark"]] = r["value"]
-    complete = {p: v for p, v in at.items() if all(b in v for b in goal_benchmarks)}
-    if not complete:
-        return None
-    goals = {p: {b: v[b] for b in goal_benchmarks} for p, v in complete.items()}
-    policy = max(goals, key=lambda p: (min(goals[p].values()), sum(goals[p].values())))
-    return policy, goals[policy]
 
 
 # --- the run ------------------------------------------------------------------------------------------
@@ -331,6 +292,4 @@ def run(args):
     scale = SCALES["quick" if args.quick else "full"]
     out = Path(args.out)
     arena(out, scale, names=args.policies, budgets=args.budgets, resume=getattr(args, "resume", False))
-    from .report import arena_section
-
     print(arena_section(out / f"{NAME}.json"))

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import arena as arena_mod
-from benchmarks.arena import Scale, arena, best_at, fractions
+from benchmarks.arena import Scale, arena
+from benchmarks.arena_scores import QUALITY, best_at, fractions
 from benchmarks.common import fraction_of_full, record
 from benchmarks.report import arena_section, write_readme
 
@@ -33,7 +34,7 @@ def test_fractions_read_each_policy_against_the_full_cache_on_the_same_questions
 
 def test_best_configuration_is_the_one_whose_worst_goal_benchmark_is_highest():
     def of_full(policy, benchmark, value, budget=64):
-        return record(benchmark, policy, budget, "of_full", value, arena_mod.QUALITY[benchmark][1])
+        return record(benchmark, policy, budget, "of_full", value, QUALITY[benchmark][1])
 
     records = [of_full("a", "retrieval", 0.99), of_full("a", "video_qa", 0.80),
                of_full("b", "retrieval", 0.90), of_full("b", "video_qa", 0.91), of_full("b", "stream_ppl", 0.5),
