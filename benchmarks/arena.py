@@ -27,9 +27,17 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from inf_mllm import StreamSession, load_model
+from models import load_adapter
+from models.tiny_vlm.data import image_paths, load_image
+
 from .arena_scores import BENCHMARKS, GOAL, QUALITY, fractions
 from .common import bar_plot, config_for, median, policy_names, print_table, record, write
+from .corpus import token_stream
 from .report import arena_section
+from .retrieval import key_words, trial
+from .stream_ppl import CHUNK, stream
+from .video_qa import encode_video, make_video, plan, qa_rounds
 
 NAME = "arena"
 # the policy strings the arena runs beyond the registry: recall of evicted turns (its references are not
@@ -91,8 +99,6 @@ def context_record(benchmark, rows) -> dict:
 
 
 def run_stream_ppl(ctx, policy, budget, cfg, bar) -> list[dict]:
-    from .stream_ppl import stream
-
     rows = []
 
     def on_round(session, round_s, share):
@@ -108,8 +114,6 @@ def run_stream_ppl(ctx, policy, budget, cfg, bar) -> list[dict]:
 
 
 def run_retrieval(ctx, policy, budget, cfg, bar) -> list[dict]:
-    from .retrieval import trial
-
     rows = [row for seed in range(ctx.scale.retrieval_seeds)
             for row in trial(ctx.model, ctx.tok, ctx.words, policy, budget, cfg, ctx.scale.retrieval_rounds, seed,
                              bar, timed=True)]
@@ -127,8 +131,6 @@ def run_retrieval(ctx, policy, budget, cfg, bar) -> list[dict]:
 
 
 def run_video_qa(ctx, policy, budget, cfg, bar) -> list[dict]:
-    from .video_qa import qa_rounds
-
     rows = [row for clips, asks in ctx.videos
             for row in qa_rounds(ctx.vlm, clips, asks, policy, budget, cfg, timed=True, bar=bar)]
     out = [record("video_qa", policy, budget, "accuracy", np.mean([r["ok"] for r in rows]), "all"),
@@ -144,8 +146,6 @@ RUNNERS = {"stream_ppl": run_stream_ppl, "retrieval": run_retrieval, "video_qa":
 
 
 def rounds_per_unit(scale: Scale) -> dict[str, int]:
-    from .stream_ppl import CHUNK
-
     return {"stream_ppl": scale.ppl_tokens // CHUNK, "retrieval": scale.retrieval_rounds * scale.retrieval_seeds,
             "video_qa": scale.video_rounds * scale.videos}
 
@@ -159,22 +159,14 @@ class Context:
     def __init__(self, scale: Scale, budgets, benchmarks, model=None, tok=None, vlm=None):
         self.scale, self.budgets = scale, list(budgets)
         if model is None and ("stream_ppl" in benchmarks or "retrieval" in benchmarks):
-            from inf_mllm import load_model
-
             model, tok = load_model()
         self.model, self.tok = model, tok
         if "stream_ppl" in benchmarks:
-            from .corpus import token_stream
-
             self.ids = token_stream(tok, scale.ppl_tokens)
         if "retrieval" in benchmarks:
-            from .retrieval import key_words
-
             self.words = key_words(tok)
         if "video_qa" in benchmarks:
             if vlm is None:
-                from models import load_adapter
-
                 vlm = load_adapter("tiny-vlm")
             self.vlm = vlm
             self.videos = videos(vlm, scale)
@@ -182,10 +174,6 @@ class Context:
 
 def videos(vlm, scale: Scale) -> list[tuple[list, list]]:
     """(encoded clips, asks) per video: the videos `video_qa` makes for this many rounds."""
-    from models.tiny_vlm.data import image_paths, load_image
-
-    from .video_qa import encode_video, make_video, plan
-
     folder = Path(".cache/video_qa")  # regenerated deterministically: not committed
     folder.mkdir(parents=True, exist_ok=True)
     paths = image_paths("test")
@@ -200,8 +188,6 @@ def videos(vlm, scale: Scale) -> list[tuple[list, list]]:
 
 def usable(ctx, policy: str, budgets) -> str | None:
     """Why `policy` cannot run at one of `budgets` (its options refused when the session is built), or None."""
-    from inf_mllm import StreamSession
-
     model = ctx.model if ctx.model is not None else ctx.vlm.model
     for budget in budgets:
         try:

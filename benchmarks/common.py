@@ -36,7 +36,7 @@ RECALL_POLICIES = ("inf_mllm+recall", "inf_mllm+recall_keys", "inf_mllm+recall_o
 def registered() -> list[str]:
     """Every registered policy, then the named combinations (scorer + allocator + reducer, as `stream-qa
     --policy` takes them), in registry order."""
-    from inf_mllm.policies import COMBINATIONS, POLICIES
+    from inf_mllm.policies import COMBINATIONS, POLICIES  # torch: `benchmarks.report` reads this module without it
 
     return list(dict.fromkeys([*POLICIES, *COMBINATIONS]))
 
@@ -116,7 +116,7 @@ def evict_share(evict_s: float, score_s: float, round_s: float) -> float:
 
 def tokens_per_s(decoded: int, decode_s: float) -> float:
     """Decode speed of one answer, as `inf_mllm.session.TurnStats.tokens_per_s` defines it."""
-    from inf_mllm.session import TurnStats
+    from inf_mllm.session import TurnStats  # torch, as above
 
     return TurnStats(decode_s=decode_s, decoded=decoded).tokens_per_s
 

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+    try:  # each command loads its own module only: a soak's bad arguments fail before OpenCV or torch load
         if args.command == "probe":
             from .probe import run
         elif args.command == "soak":

@@ -16,8 +16,11 @@ import sys
 from pathlib import Path
 
 from streaming.errors import ConfigError
+from streaming.memory import auto_budget_for, tune_allocator
+from streaming.questions import QuestionError, parse_time
 from streaming.records import record, write
 from streaming.soak import EveryKRounds, describe, run_soak, verdict
+from streaming.sources import FileSource, bundled_clip
 
 from .tegrastats import Tegrastats
 
@@ -26,8 +29,7 @@ def soak_one(adapter, video, policy: str, budget, rounds: int | None, duration_s
              cap_bytes: int | None = None, options: dict | None = None) -> dict:
     """One soak of `policy` on a looped `video`; every sample goes to `log` (one JSON object per line).
     `options` are the policy's (default: `policy_options` without a window or bias of its own)."""
-    from streaming.engine import TurnEngine
-    from streaming.sources import FileSource
+    from streaming.engine import TurnEngine  # loads torch: this module stays light until the arguments are checked
 
     options = policy_options(policy, budget) if options is None else options
     session = adapter.new_session(policy, budget=budget, **options)
@@ -72,8 +74,6 @@ def records(run: dict, v: dict) -> list[dict]:
 
 
 def parse_duration(text: str) -> float:
-    from streaming.questions import QuestionError, parse_time
-
     try:
         seconds = parse_time(text)
     except QuestionError as err:
@@ -84,8 +84,6 @@ def parse_duration(text: str) -> float:
 
 
 def run(args) -> int:
-    from streaming.sources import FileSource, bundled_clip
-
     if (args.rounds is None) == (args.duration is None):
         raise ConfigError("give exactly one of --rounds N or --duration TIME")
     if args.rounds is not None and args.rounds < 2:
@@ -108,16 +106,12 @@ def run(args) -> int:
     FileSource(video, fps=args.fps)  # a bad file fails here, before the model loads
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from streaming.memory import tune_allocator
-
     tune_allocator()  # as stream-qa does: the soak measures the product's own memory behaviour
     from models import load_adapter  # torch and transformers load only once the arguments are good
 
     adapter = load_adapter(args.model, device=args.device)
     budget = args.budget
     if budget == "auto":
-        from streaming.memory import auto_budget_for
-
         budget, auto = auto_budget_for(adapter, args.max_new_tokens, args.device)
         print(f"soak: --budget auto: {budget} tokens per layer ({auto.explain()})", file=sys.stderr)
     elif str(budget).isdigit():
@@ -151,7 +145,7 @@ def run(args) -> int:
 
 
 def _bytes_per_token(adapter) -> int:
-    import torch
+    import torch  # not at the top: this module stays torch-free until run() has checked the arguments
 
     from inf_mllm import KVShape
 

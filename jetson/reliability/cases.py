@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from streaming.memory import MemorySample, auto_budget_for
+
 from .media import clip, corrupt, cut_faststart, file_of, gif, png, served_stream, video, wav
 
 ASK = ["--ask", "what is the color of the shape?", "--json", "--fast"]
@@ -55,8 +57,6 @@ def _encode(adapter, frames):
 
 
 def _auto_budget_without_memory(adapter):
-    from streaming.memory import MemorySample, auto_budget_for
-
     auto_budget_for(adapter, sample=MemorySample("cpu", 100.0, 4096.0, 900.0, 0.0, 0.0))  # 900 MB available
 
 

@@ -5,18 +5,23 @@ Every file is written at the moment a case is built, into that case's own folder
 depends on what another one left behind and the committed table needs no media of its own.
 """
 
+import functools
 import struct
+import threading
 import wave
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import cv2
 import numpy as np
+from PIL import Image
+
+from streaming.sources import bundled_clip
 
 
 def write_video(path: Path, w: int, h: int, frames: int = 8, fps: float = 4.0, fourcc: str = "mp4v",
                 color: bool = True) -> Path:
     """A real video of solid frames (red, then green) written with OpenCV."""
-    import cv2
-
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (w, h), color)
     if not writer.isOpened():
         raise RuntimeError(f"OpenCV cannot write {w}x{h} {fourcc} to {path}")
@@ -34,8 +39,6 @@ def video(tmp: Path, name: str, *a, **k) -> str:
 
 
 def clip(name: str = "bikes.mp4") -> str:
-    from streaming.sources import bundled_clip
-
     return str(bundled_clip(name))
 
 
@@ -56,16 +59,12 @@ def wav(tmp: Path) -> str:
 
 
 def png(tmp: Path, name: str = "still.png") -> str:
-    from PIL import Image
-
     path = tmp / name
     Image.fromarray(np.full((64, 64, 3), 200, np.uint8)).save(path, format="PNG")
     return str(path)
 
 
 def gif(tmp: Path) -> str:
-    from PIL import Image
-
     frames = [Image.fromarray(np.full((32, 32, 3), c, np.uint8)) for c in (30, 120, 220, 90)]
     path = tmp / "anim.gif"
     frames[0].save(path, save_all=True, append_images=frames[1:], duration=500, loop=0)
@@ -116,8 +115,6 @@ def faststart(data: bytes) -> bytes:
 
 def cut_faststart(tmp: Path) -> str:
     """10 s of noise frames at 10 fps, index first, cut at 30%: decord counts only the frames present."""
-    import cv2
-
     src = tmp / "src.mp4"
     writer = cv2.VideoWriter(str(src), cv2.VideoWriter_fourcc(*"mp4v"), 10, (160, 120))
     rng = np.random.default_rng(3)
@@ -134,10 +131,6 @@ def cut_faststart(tmp: Path) -> str:
 def served_stream(tmp: Path) -> str:
     """A real HTTP stream that ends after 3 s of video: an MJPEG AVI served by a local HTTP server
     (a thread of this process), read by OpenCV's ffmpeg like any network camera."""
-    import functools
-    import threading
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
     write_video(tmp / "live.avi", 64, 64, frames=12, fps=4.0, fourcc="MJPG")
 
     class Quiet(SimpleHTTPRequestHandler):

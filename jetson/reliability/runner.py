@@ -5,9 +5,12 @@ this process; and `run`, the whole table for `python -m jetson reliability`.
 
 import json
 import os
+import pty
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,8 +31,6 @@ def run_subprocess(case: Case, tmp: Path, timeout: float = 300) -> dict:
         return result
     try:
         if case.where == "cli tty":
-            import pty
-
             master, slave = pty.openpty()
             proc = subprocess.Popen(argv, stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
             os.close(slave)
@@ -61,8 +62,6 @@ def run_subprocess(case: Case, tmp: Path, timeout: float = 300) -> dict:
 def _interrupted(case: Case, argv: list, tmp: Path, timeout: float, env: dict) -> dict:
     """SIGINT or SIGTERM once the second question is on stdout and its answer has not ended: exit 130, every
     answer ended before it whole on stdout, nothing after it, the one "stopped" line on stderr."""
-    import signal
-
     def default_sigint():  # a shell's background job ignores SIGINT, and its children would inherit that
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
@@ -138,9 +137,7 @@ def run_library(case: Case, tmp: Path, adapter) -> dict:
 
 def run(args) -> int:
     """Every case as its own process (library cases in this one); JSON and Markdown under --out."""
-    import tempfile
-
-    from models import load_adapter
+    from models import load_adapter  # torch, for the library cases only: the others run in their own processes
 
     adapter = None
     rows = []
