@@ -8,6 +8,7 @@ all benchmarks compare the same configurations, and the list of policies comes f
 (`inf_mllm.policies.POLICIES`) plus the named combinations below.
 """
 
+import dataclasses
 import os
 import statistics
 import time
@@ -17,16 +18,10 @@ import psutil
 
 from streaming.records import METRICS, fmt, plot, print_table, pyplot, record, write  # noqa: F401 (re-exported)
 
-# Non-default options of the registered policies; a policy not named here runs with its dataclass defaults.
-# inf_mllm is the paper's algorithm as written.
-POLICY_CONFIGS = {
-    "full": {},
-    "window": {},
-    "streaming_llm": {"sinks": 4},
-    "h2o": {"recent_ratio": 0.5},
-    "inf_mllm": {"window": 64, "bias": 0.01},
-    "inf_mllm_plus": {"window": 64, "bias": 1.0},
-}
+# Options that differ from a policy's dataclass defaults, by policy string or by scorer. None do today:
+# every policy runs as its class defines it (inf_mllm is the paper's algorithm as written), so a new
+# registered policy is compared as it is without an entry here.
+POLICY_CONFIGS: dict[str, dict] = {}
 
 # inf_mllm with recall of evicted turns (inf_mllm/recall.py), beside its references: similarity only,
 # the oracle (exactly the right turn) and k random turns. Run by the benchmarks whose questions look back.
@@ -36,7 +31,7 @@ RECALL_POLICIES = ("inf_mllm+recall", "inf_mllm+recall_keys", "inf_mllm+recall_o
 def registered() -> list[str]:
     """Every registered policy, then the named combinations (scorer + allocator + reducer, as `stream-qa
     --policy` takes them), in registry order."""
-    from inf_mllm.policies import COMBINATIONS, POLICIES  # torch: `benchmarks.report` reads this module without it
+    from inf_mllm.policies import COMBINATIONS, POLICIES  # torch, as in `default_window`
 
     return list(dict.fromkeys([*POLICIES, *COMBINATIONS]))
 
@@ -55,12 +50,26 @@ def base_name(policy: str) -> str:
     return policy.partition("+")[0]
 
 
+def default_window(policy: str) -> int | None:
+    """The retrieval window a policy string's scorer has by default, or None when it has no `window` option
+    (or is not a registered scorer)."""
+    from inf_mllm.policies import POLICIES  # torch: `benchmarks.report` reads this module without it
+
+    cls = POLICIES.get(base_name(policy))
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return None
+    return next((f.default for f in dataclasses.fields(cls) if f.name == "window"), None)
+
+
 def config_for(policy: str, budget: int | None = None) -> dict:
     """Options for one policy string: its own entry in POLICY_CONFIGS, else its scorer's (combinations
-    and recall variants run with the scorer's options); a window never larger than a quarter of the budget."""
+    and recall variants run with the scorer's options), else none. Any policy with a retrieval window
+    gets one no larger than a quarter of the budget: the window's queries are always kept, and a
+    window near the budget would leave nothing to choose."""
     cfg = dict(POLICY_CONFIGS.get(policy, POLICY_CONFIGS.get(base_name(policy), {})))
-    if "window" in cfg and budget is not None:
-        cfg["window"] = min(cfg["window"], budget // 4)
+    window = cfg.get("window", default_window(policy))
+    if window is not None and budget is not None and window > budget // 4:
+        cfg["window"] = budget // 4
     return cfg
 
 
@@ -116,7 +125,7 @@ def evict_share(evict_s: float, score_s: float, round_s: float) -> float:
 
 def tokens_per_s(decoded: int, decode_s: float) -> float:
     """Decode speed of one answer, as `inf_mllm.session.TurnStats.tokens_per_s` defines it."""
-    from inf_mllm.session import TurnStats  # torch, as above
+    from inf_mllm.session import TurnStats  # torch, as in `default_window`
 
     return TurnStats(decode_s=decode_s, decoded=decoded).tokens_per_s
 

@@ -76,7 +76,7 @@ def test_an_interrupted_run_keeps_what_it_finished_and_resumes_from_there(tmp_pa
     assert {(r["policy"], r["metric"]) for r in kept} == {("full", "ppl"), ("full", "round_ms"), ("window", "ppl"),
                                                           ("window", "round_ms"), ("window", "of_full")}
     assert [c[:2] for c in calls] == [("full", None), ("window", 64), ("streaming_llm", 64)]
-    assert calls[2][2] == {"sinks": 4}
+    assert calls[2][2] == {}  # streaming_llm's defaults (4 sinks)
 
     fake.interrupt_at = None
     calls.clear()
