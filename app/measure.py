@@ -190,7 +190,7 @@ def main(argv=None) -> None:
     p.add_argument("--budget", default="256")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/app.json"))
     args = p.parse_args(argv)
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # optional (the `ui` extra): only the browser measurement uses it
 
     demo = launch(block=False, clock_speed=args.speed, idle_s=60)  # finished runs' sessions are released
     url = demo.local_url.rstrip("/")

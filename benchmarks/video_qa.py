@@ -13,16 +13,18 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from inf_mllm import KVShape
+from inf_mllm import KVShape, recall
 from inf_mllm.recall import resident_spans
+from models import load_adapter
 from models.tiny_vlm.data import group_by_image, image_paths, load_image, named, questions
 from streaming.engine import TurnEngine
-from streaming.questions import Question, Schedule, references
-from streaming.sources import FileSource
+from streaming.questions import Question, Schedule, every, references
+from streaming.sources import FileSource, bundled_clip
 
 from .common import RoundTimer, config_for, plot, policy_names, print_table, record, rss_mb, write
 
@@ -37,8 +39,6 @@ class OutOfMemory(Exception):
 
 
 def make_video(path: Path, images: list[np.ndarray]) -> Path:
-    import cv2
-
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), VIDEO_FPS, (SIZE, SIZE))
     for img in images:
         frame = cv2.cvtColor(cv2.resize(img, (SIZE, SIZE), interpolation=cv2.INTER_NEAREST), cv2.COLOR_RGB2BGR)
@@ -167,8 +167,6 @@ VIDEOS = {5: 12, 10: 6}
 
 
 def run(args):
-    from models import load_adapter
-
     budget = (args.budgets or [512])[0]
     round_sets = [5, 10, 30] if args.quick else [5, 10, 300]
     if args.tokens:
@@ -221,8 +219,6 @@ def run(args):
 def link_vs_reencode(vlm, budget: int, paths, clips: int = 40, repeats: int = 20) -> list[dict]:
     """Bringing back one evicted clip: linking its stored KV (re-rotated, inserted) against encoding its
     frame again and prefilling the clip turn, both into the same 512-token cache and undone after."""
-    from inf_mllm import recall
-
     session = vlm.new_session("inf_mllm+recall", budget=budget, **config_for("inf_mllm", budget))
     images = [load_image(paths[i]) for i in range(clips)]
     for k, img in enumerate(images, start=1):
@@ -252,9 +248,6 @@ def link_vs_reencode(vlm, budget: int, paths, clips: int = 40, repeats: int = 20
 def orin_protocol(vlm, out: Path, budget: int, minutes: int, policies=("inf_mllm", "full")):
     """The paper's Orin demo: a real clip (bikes.mp4) looped to `minutes` of video, a question every
     30 s of video, memory and time to first token per question. Played as fast as it decodes."""
-    from streaming.questions import every
-    from streaming.sources import bundled_clip
-
     clip = bundled_clip("bikes.mp4")
     loops = int(minutes * 60 // FileSource(clip).duration)
     records = []

@@ -16,6 +16,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from streaming.records import print_table, record, write
+from streaming.sources import bundled_clip
+
 VARIANTS = {
     "libgomp default": "",  # an empty value is invalid to libgomp, which then keeps its default
     "passive (stream-qa)": None,  # unset: `streaming` sets OMP_WAIT_POLICY=PASSIVE before torch loads
@@ -35,9 +38,6 @@ def one_run(env_value: str | None, clip: str) -> list[float]:
 
 
 def run(args) -> int:
-    from benchmarks.common import print_table, record, write
-    from streaming.sources import bundled_clip
-
     clip = str(bundled_clip())
     during, after = {v: [] for v in VARIANTS}, {v: [] for v in VARIANTS}
     for rep in range(args.reps):
