@@ -153,8 +153,8 @@ def test_video_qa_tables_are_read_from_its_records(tmp_path):
         rows = [{"round": k, "ok": ok(k), "back": 0 if k % 2 else 10, "ttft_s": 0.1 * k, "kv_mb": 1.0 + k,
                  "rss_mb": 100.0 + k, "evicted": evicted and k % 2 == 0, "recalled": k % 4 == 0}
                 for k in range(1, (oom or rounds + 1))]
-        tele = SimpleNamespace(ingest_s=1.0, ingest_speed=4.0, store_bytes=None, video_s=2.0 * rounds)
-        return rows, oom, tele
+        tele = SimpleNamespace(ingest_s=1.0, ingest_speed=4.0, video_s=2.0 * rounds)
+        return rows, oom, tele, None
 
     records = []
     for policy, evicted, oom in (("inf_mllm", False, None), ("full_capped", False, 12),

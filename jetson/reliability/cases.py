@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from streaming.memory import MemorySample, auto_budget_for
+from streaming.questions import SAMPLE_QUESTION
 
 from .media import clip, corrupt, cut_faststart, file_of, gif, png, served_stream, video, wav
 
-ASK = ["--ask", "what is the color of the shape?", "--json", "--fast"]
+ASK = ["--ask", SAMPLE_QUESTION, "--json", "--fast"]
 PLAYS = "plays"  # expected outcome: exit 0 and at least one answer
 
 
@@ -39,13 +40,13 @@ class Case:
 def fault_args(tmp, *extra) -> list:
     """8 one-second clips of a small real video and two questions, after the fault (clip 3) and before it."""
     return [video(tmp, "v.mp4", 64, 64, frames=16, fps=2.0), "--clip-seconds", "1", "--fast", "--json",
-            "--max-new-tokens", "4", "--ask", "what is the color of the shape? @2s",
-            "--ask", "what is the color of the shape? @6s", *extra]
+            "--max-new-tokens", "4", "--ask", f"{SAMPLE_QUESTION} @2s",
+            "--ask", f"{SAMPLE_QUESTION} @6s", *extra]
 
 
 def signal_args() -> list:
     """A long run with an answer every second of video, streamed as text."""
-    return [clip(), "--loop", "20", "--fast", "--every", "1s", "--question", "what is the color of the shape?",
+    return [clip(), "--loop", "20", "--fast", "--every", "1s", "--question", SAMPLE_QUESTION,
             "--max-new-tokens", "8"]
 
 
@@ -105,7 +106,7 @@ CASES = [
     Case("URL that refuses the connection", "cli", r"cannot open stream",
          lambda t: ["--url", "http://127.0.0.1:9/live.mjpg", *ASK]),
     Case("URL stream that ends mid-stream", "cli", PLAYS,
-         lambda t: ["--url", served_stream(t), "--ask", "what is the color of the shape?", "--json"], slow=True,
+         lambda t: ["--url", served_stream(t), "--ask", SAMPLE_QUESTION, "--json"], slow=True,
          notes="a warning names when it stopped; what was seen is answered"),
     # configuration
     *[Case(f"--fps {v}", "cli", r"--fps must be a positive number", lambda t, v=v: [clip(), "--fps", v, *ASK])
@@ -157,7 +158,7 @@ CASES = [
          lambda t: [video(t, "v.mp4", 64, 64), "--fast"], code=0, slow=True,
          notes="was SIGABRT (exit 134) at interpreter shutdown", meta={"answers": 0}),
     Case("stream-qa … | head -1", "cli pipe", PLAYS,
-         lambda t: [clip(), "--fast", "--json", "--every", "1s", "--question", "what is the color of the shape?"],
+         lambda t: [clip(), "--fast", "--json", "--every", "1s", "--question", SAMPLE_QUESTION],
          code=141, slow=True, notes="was a BrokenPipeError traceback", meta={"answers": 0}),
     # faults inside the model and from outside the process
     Case("exception in one clip turn's prefill (injected)", "cli fault", PLAYS, lambda t: fault_args(t),
