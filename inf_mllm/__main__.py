@@ -13,11 +13,11 @@ def main(argv=None) -> int:
         print("\n".join([*SCORERS, *COMBINATIONS]))
         return 0
     if argv[:1] == ["calibrate"]:
-        from .calibrate import main as calibrate
+        from .calibrate import main as calibrate  # lazy: `policies` lists names without loading torch
 
         return calibrate(argv[1:])
     if argv == ["demo"]:
-        from .demo import main as demo
+        from .demo import main as demo  # lazy, as above
 
         return demo()
     print("usage: python -m inf_mllm policies | calibrate OUT [options] | demo", file=sys.stderr)

@@ -58,7 +58,7 @@ def check_args(args) -> None:
 
 def check_device(device: str) -> None:
     """After torch is imported: the device asked for exists here."""
-    import torch
+    import torch  # lazy: called once torch is in; the checks above run before it loads
 
     if device.startswith("cuda"):
         if not torch.cuda.is_available():

@@ -9,13 +9,28 @@ import argparse
 import json
 import signal
 import sys
+from argparse import Namespace
+
+from tqdm import tqdm
 
 from inf_mllm.spec import PolicySpec, Recall, parse_budget
 
 from .checks import EXIT_BROKEN_PIPE, EXIT_BUG, check_args, check_device, detach_stdout, one_line, write_bug_report
 from .errors import ConfigError, is_user_error
 from .memory import auto_budget_for, tune_allocator
-from .questions import SAMPLE_QUESTION, Question, QuestionError, Schedule, check_times, every, parse_ask, read_file
+from .questions import (
+    SAMPLE_QUESTION,
+    Question,
+    QuestionError,
+    Schedule,
+    check_times,
+    every,
+    parse_ask,
+    parse_time,
+    read_file,
+)
+from .session_dir import SessionDir
+from .soak import QUESTION, EveryKRounds, describe, parse_soak, run_soak, verdict
 from .sources import bundled_clip, open_source
 from .stdin import StdinQuestions
 
@@ -73,8 +88,6 @@ SESSION_SETTINGS = ("video", "webcam", "url", "fps", "clip_seconds", "fast", "lo
 
 def open_session_dir(args):
     """--session / --resume: the folder, with args completed from a resumed session's settings."""
-    from .session_dir import SessionDir
-
     if args.session and args.resume:
         raise UsageError("--session starts a session and --resume continues one: give one of them")
     if not (args.session or args.resume):
@@ -189,9 +202,9 @@ def _run(args, out) -> int:
     spec = policy_spec(args, folder)
     args.policy = spec.name  # what a session folder records (+recall included)
     # torch and transformers load here, once everything the user gave is known to be good
-    from models import ADAPTERS, load_adapter
+    from models import ADAPTERS, load_adapter  # lazy: torch and transformers load only once input is good
 
-    from .engine import TurnEngine
+    from .engine import TurnEngine  # lazy: imports torch
 
     if name not in ADAPTERS:
         raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
@@ -256,8 +269,6 @@ def soak_plan(args) -> tuple[int | None, float | None] | None:
     """--soak: (rounds, seconds), checked before torch loads; None without --soak."""
     if args.soak is None:
         return None
-    from .soak import parse_soak
-
     if args.ask or args.questions:
         raise UsageError("--soak asks --question every --every of video; --ask and --questions do not apply")
     if not (args.soak_sample >= 0 and args.soak_sample < float("inf")):
@@ -267,9 +278,6 @@ def soak_plan(args) -> tuple[int | None, float | None] | None:
 
 def soak_schedule(args):
     """A question every --every of video (default every 10 clips), generated as the video runs."""
-    from .questions import parse_time
-    from .soak import QUESTION, EveryKRounds
-
     step = parse_time(args.every) if args.every else 10 * args.clip_seconds
     if not step > 0:
         raise UsageError(f"--every must be a positive time, got {args.every!r}")
@@ -279,12 +287,6 @@ def soak_schedule(args):
 def run_soak_cli(args, soak, engine, session, source, schedule, on_answer, on_token, out) -> int:
     """The soak under `stream-qa`: answers as usual on stdout, a progress bar on stderr, samples in
     --soak-log, then the verdict (text, or one JSON object with --json)."""
-    from argparse import Namespace
-
-    from tqdm import tqdm
-
-    from .soak import describe, run_soak, verdict
-
     rounds, seconds = soak
     bar = tqdm(total=rounds, unit="round", desc="soak", file=sys.stderr, disable=None,
                postfix={"kv": session.kv_tokens})

@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import ConfigError
 from .memory import MB, probe
-from .questions import SAMPLE_QUESTION
+from .questions import SAMPLE_QUESTION, Question, QuestionError, parse_time
 
 GOAL_SLOPE_MB_PER_ROUND = 0.01
 QUESTION = SAMPLE_QUESTION
@@ -31,8 +31,6 @@ class EveryKRounds:
     generated as the video runs, so an open-ended soak holds no list of future questions."""
 
     def __init__(self, k: int, clip_seconds: float, text: str = QUESTION):
-        from .questions import Question
-
         self.k, self.text, self.released = k, text, 0
         self.step = self.next_t = k * clip_seconds
         self.question = lambda: Question(text, None)
@@ -51,8 +49,6 @@ class EveryKRounds:
 
 def parse_soak(text: str) -> tuple[int | None, float | None]:
     """`--soak 10000` is a number of rounds; `--soak 2h` (or 30m, 90s, 1:30:00) a wall-clock time."""
-    from .questions import QuestionError, parse_time
-
     text = str(text).strip()
     if text.isdigit():
         if int(text) < 2:
@@ -89,7 +85,7 @@ def linear_fit(x, y) -> dict:
     resid = y - (slope * x + intercept)
     se = math.sqrt(float(resid @ resid) / (n - 2) / float(((x - x.mean()) ** 2).sum()))
     try:
-        from scipy.stats import t as student_t
+        from scipy.stats import t as student_t  # optional (the data extra); a normal quantile stands in
 
         q = float(student_t.ppf(0.975, n - 2))
     except ImportError:
