@@ -6,7 +6,6 @@ and ends everything on `close()` — called when the page leaves or the session 
 """
 
 import queue
-import re
 import threading
 import time
 from collections import deque
@@ -15,13 +14,15 @@ from dataclasses import dataclass
 import psutil
 import torch
 
-from inf_mllm import POLICIES
+from inf_mllm.policies import policy_options
+from inf_mllm.spec import PolicySpec, parse_budget
 from models import load_adapter
+from streaming.checks import one_line
 from streaming.engine import Answer, TurnEngine
+from streaming.memory import auto_budget_for
 from streaming.questions import Question, Schedule
 
 MODELS = ("tiny-vlm", "flash-vstream-tiny", "chat-univi-tiny")
-_BUDGET = re.compile(r"^\s*(\d+)\s*$|^\s*(\d+(?:\.\d+)?)\s*([KMG]B)\s*$", re.IGNORECASE)
 _adapters: dict[str, object] = {}
 _adapters_lock = threading.Lock()
 MODEL_LOCK = threading.Lock()  # one model step at a time across sessions: a second user queues
@@ -42,29 +43,29 @@ class Settings:
     clip_seconds: float = 2.0
     max_new_tokens: int = 16
 
+    def spec(self) -> PolicySpec:
+        """The policy with the bias and window it takes (the page shows both fields for every policy)."""
+        try:
+            spec = PolicySpec.parse(self.policy)
+        except ValueError as err:
+            raise BadInput(one_line(err)) from None
+        names = policy_options(spec)
+        return spec.with_options(**{k: v for k, v in (("bias", self.bias), ("window", self.window))
+                                    if v is not None and k in names})
+
     def budget_value(self):
-        """Tokens (int) or a memory size ("64MB"); None for the full cache."""
-        if self.policy.startswith("full"):
+        """Tokens (int), a memory size ("64MB") or "auto"; None for the full cache."""
+        if not self.spec().bounded:
             return None
-        m = _BUDGET.match(str(self.budget))
-        if not m:
-            raise BadInput(f"budget {self.budget!r}: give tokens (e.g. 256) or memory (e.g. 8MB)")
-        return int(m.group(1)) if m.group(1) else f"{m.group(2)}{m.group(3).upper()}"
-
-    def policy_kwargs(self) -> dict:
-        from inf_mllm.policies import policy_options
-        from inf_mllm.recall import parse_policy
-
-        try:  # recall: evicted clips come back when a question names them
-            names = policy_options(parse_policy(self.policy)[0])
-        except (KeyError, ValueError):
-            raise BadInput(f"unknown policy {self.policy!r}; available: {', '.join(POLICIES)}, their combinations "
-                           "(python -m inf_mllm policies), each may end in +recall") from None
-        return {k: v for k, v in (("bias", self.bias), ("window", self.window)) if v is not None and k in names}
+        try:
+            return parse_budget(self.budget)
+        except ValueError as err:
+            raise BadInput(one_line(err)) from None
 
     def describe(self) -> str:
-        budget = "unbounded" if self.policy == "full" else f"budget {self.budget}"
-        extra = "".join(f", {k} {v}" for k, v in self.policy_kwargs().items())
+        spec = self.spec()
+        budget = f"budget {self.budget}" if spec.bounded else "unbounded"
+        extra = "".join(f", {k} {v}" for k, v in spec.options.items())
         return f"{self.model}, {self.policy}, {budget}{extra}"
 
 
@@ -130,11 +131,13 @@ class Chat:
 
     def __init__(self, settings: Settings, make_source, label: str):
         self.settings, self.label = settings, label
-        budget, kwargs = settings.budget_value(), settings.policy_kwargs()
+        spec, budget = settings.spec(), settings.budget_value()
         self.adapter = shared_adapter(settings.model).fork()
         with MODEL_LOCK:
             try:
-                session = self.adapter.new_session(settings.policy, budget=budget, **kwargs)
+                if budget == "auto":
+                    budget, _ = auto_budget_for(self.adapter, settings.max_new_tokens)
+                session = self.adapter.new_session(spec, budget=budget)
             except ValueError as err:  # too small a budget, a bad window: the core's own message
                 raise BadInput(str(err).splitlines()[0]) from err
         self.session = session

@@ -21,6 +21,8 @@ from pathlib import Path
 
 from gradio_client import Client
 
+from streaming.questions import SAMPLE_QUESTION
+
 from .ui import launch
 
 CHROMIUM = "/usr/bin/chromium"
@@ -101,7 +103,7 @@ def ask(page, question, timeout=120) -> str:
 
 def send_to_first_token(browser, url, n: int) -> dict:
     page = open_page(browser.new_page(), url)
-    questions = ["what is the color of the shape?", "what shape is in the image?", "is there a circle?"]
+    questions = [SAMPLE_QUESTION, "what shape is in the image?", "is there a circle?"]
     page_s, engine_s = [], []
     for i in range(n):
         page.fill("#question textarea", questions[i % len(questions)])
@@ -130,7 +132,7 @@ def memory(url, minutes: float, policy: str, budget: str, question_every: float 
         if telemetry["video_s"] >= minutes * 60:
             break
         if telemetry["video_s"] >= next_q:
-            c.predict([], "what is the color of the shape?", api_name="/ask")
+            c.predict([], SAMPLE_QUESTION, api_name="/ask")
             asked, next_q = asked + 1, next_q + question_every
         time.sleep(0.5)
     samples, telemetry = c.predict(api_name="/memory")
@@ -190,7 +192,7 @@ def main(argv=None) -> None:
     p.add_argument("--budget", default="256")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/app.json"))
     args = p.parse_args(argv)
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import sync_playwright  # optional (the `ui` extra): only the browser measurement uses it
 
     demo = launch(block=False, clock_speed=args.speed, idle_s=60)  # finished runs' sessions are released
     url = demo.local_url.rstrip("/")

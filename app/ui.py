@@ -15,7 +15,7 @@ import gradio as gr
 import numpy as np
 import pandas as pd
 
-from inf_mllm import POLICIES
+from inf_mllm.spec import SCORERS
 from streaming.sources import CaptureSource, SourceError, bundled_clip
 
 from .chat import MODELS, BadInput, Chat, Settings
@@ -112,7 +112,7 @@ def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 
         try:
             settings = Settings(model, policy, str(budget).strip(), number(bias, float, "bias"),
                                 number(window, int, "window"))
-            settings.policy_kwargs()
+            settings.spec()
             if kind == "Bundled clip":
                 path = bundled_clip(clip)
                 label, make, video = clip, lambda stop: PlaybackSource(path, stop, speed=clock_speed), str(path)
@@ -217,7 +217,7 @@ def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 
                 with gr.Accordion("Model and cache", open=False):
                     with gr.Row():
                         model = gr.Dropdown(MODELS, value=MODELS[0], label="Model")
-                        policy = gr.Dropdown([*POLICIES, "inf_mllm+recall"], value="inf_mllm", label="Policy")
+                        policy = gr.Dropdown([*SCORERS, "inf_mllm+recall"], value="inf_mllm", label="Policy")
                     with gr.Row():
                         budget = gr.Textbox("256", label="Budget (tokens, or e.g. 8MB)", elem_id="budget")
                         bias = gr.Textbox("", label="Bias b", placeholder="policy default", elem_id="bias")

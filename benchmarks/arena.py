@@ -20,7 +20,6 @@ import json
 import random
 import sys
 import traceback
-from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,17 +27,22 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .common import bar_plot, config_for, fraction_of_full, median, policy_names, print_table, record, write
+from inf_mllm import StreamSession, load_model
+from models import load_adapter
+from models.tiny_vlm.data import image_paths, load_image
+
+from .arena_scores import BENCHMARKS, GOAL, QUALITY, fractions
+from .common import bar_plot, config_for, median, policy_names, print_table, record, write
+from .corpus import token_stream
+from .report import arena_section
+from .retrieval import key_words, trial
+from .stream_ppl import CHUNK, stream
+from .video_qa import encode_video, make_video, plan, qa_rounds
 
 NAME = "arena"
-BENCHMARKS = ("stream_ppl", "retrieval", "video_qa")
-# the quality each benchmark is ranked by: (metric, x, lower is better)
-QUALITY = {"stream_ppl": ("ppl", "stream", True), "retrieval": ("accuracy", "within budget", False),
-           "video_qa": ("accuracy", "all", False)}
 # the policy strings the arena runs beyond the registry: recall of evicted turns (its references are not
 # configurations, so they stay out)
 EXTRA = ("inf_mllm+recall",)
-GOAL = 0.95  # of the full cache's quality at 1/8 of its context (issue 14)
 
 
 @dataclass(frozen=True)
@@ -95,8 +99,6 @@ def context_record(benchmark, rows) -> dict:
 
 
 def run_stream_ppl(ctx, policy, budget, cfg, bar) -> list[dict]:
-    from .stream_ppl import stream
-
     rows = []
 
     def on_round(session, round_s, share):
@@ -112,8 +114,6 @@ def run_stream_ppl(ctx, policy, budget, cfg, bar) -> list[dict]:
 
 
 def run_retrieval(ctx, policy, budget, cfg, bar) -> list[dict]:
-    from .retrieval import trial
-
     rows = [row for seed in range(ctx.scale.retrieval_seeds)
             for row in trial(ctx.model, ctx.tok, ctx.words, policy, budget, cfg, ctx.scale.retrieval_rounds, seed,
                              bar, timed=True)]
@@ -131,8 +131,6 @@ def run_retrieval(ctx, policy, budget, cfg, bar) -> list[dict]:
 
 
 def run_video_qa(ctx, policy, budget, cfg, bar) -> list[dict]:
-    from .video_qa import qa_rounds
-
     rows = [row for clips, asks in ctx.videos
             for row in qa_rounds(ctx.vlm, clips, asks, policy, budget, cfg, timed=True, bar=bar)]
     out = [record("video_qa", policy, budget, "accuracy", np.mean([r["ok"] for r in rows]), "all"),
@@ -148,45 +146,8 @@ RUNNERS = {"stream_ppl": run_stream_ppl, "retrieval": run_retrieval, "video_qa":
 
 
 def rounds_per_unit(scale: Scale) -> dict[str, int]:
-    from .stream_ppl import CHUNK
-
     return {"stream_ppl": scale.ppl_tokens // CHUNK, "retrieval": scale.retrieval_rounds * scale.retrieval_seeds,
             "video_qa": scale.video_rounds * scale.videos}
-
-
-# --- fractions of the full cache and the best configuration -------------------------------------------
-
-
-def fractions(records) -> list[dict]:
-    """`of_full` records: each bounded policy's quality (ppl, accuracy) over the full cache's on the same
-    questions (x "within budget" is read against the full cache's x "within <budget>")."""
-    full = {(r["benchmark"], r["metric"], r["x"]): r["value"] for r in records
-            if r["policy"] == "full" and r["metric"] in ("ppl", "accuracy")}
-    out = []
-    for r in records:
-        if r["policy"] == "full" or r["metric"] not in ("ppl", "accuracy"):
-            continue
-        x = f"within {r['budget']}" if r["x"] == "within budget" else r["x"]
-        ref = full.get((r["benchmark"], r["metric"], x))
-        if ref is not None:
-            out.append(record(r["benchmark"], r["policy"], r["budget"], "of_full",
-                              fraction_of_full(r["value"], ref, lower_is_better=r["metric"] == "ppl"), r["x"]))
-    return out
-
-
-def best_at(records, budget: int, goal_benchmarks=("retrieval", "video_qa")):
-    """(policy, {benchmark: of_full}) of the configuration at `budget` whose worst fraction of the full
-    cache over `goal_benchmarks` (their QUALITY) is highest; None when no policy has them all."""
-    at = defaultdict(dict)
-    for r in records:
-        if r["metric"] == "of_full" and r["budget"] == budget and r["x"] == QUALITY[r["benchmark"]][1]:
-            at[r["policy"]][r["benchmark"]] = r["value"]
-    complete = {p: v for p, v in at.items() if all(b in v for b in goal_benchmarks)}
-    if not complete:
-        return None
-    goals = {p: {b: v[b] for b in goal_benchmarks} for p, v in complete.items()}
-    policy = max(goals, key=lambda p: (min(goals[p].values()), sum(goals[p].values())))
-    return policy, goals[policy]
 
 
 # --- the run ------------------------------------------------------------------------------------------
@@ -198,22 +159,14 @@ class Context:
     def __init__(self, scale: Scale, budgets, benchmarks, model=None, tok=None, vlm=None):
         self.scale, self.budgets = scale, list(budgets)
         if model is None and ("stream_ppl" in benchmarks or "retrieval" in benchmarks):
-            from inf_mllm import load_model
-
             model, tok = load_model()
         self.model, self.tok = model, tok
         if "stream_ppl" in benchmarks:
-            from .corpus import token_stream
-
             self.ids = token_stream(tok, scale.ppl_tokens)
         if "retrieval" in benchmarks:
-            from .retrieval import key_words
-
             self.words = key_words(tok)
         if "video_qa" in benchmarks:
             if vlm is None:
-                from models import load_adapter
-
                 vlm = load_adapter("tiny-vlm")
             self.vlm = vlm
             self.videos = videos(vlm, scale)
@@ -221,10 +174,6 @@ class Context:
 
 def videos(vlm, scale: Scale) -> list[tuple[list, list]]:
     """(encoded clips, asks) per video: the videos `video_qa` makes for this many rounds."""
-    from models.tiny_vlm.data import image_paths, load_image
-
-    from .video_qa import encode_video, make_video, plan
-
     folder = Path(".cache/video_qa")  # regenerated deterministically: not committed
     folder.mkdir(parents=True, exist_ok=True)
     paths = image_paths("test")
@@ -239,8 +188,6 @@ def videos(vlm, scale: Scale) -> list[tuple[list, list]]:
 
 def usable(ctx, policy: str, budgets) -> str | None:
     """Why `policy` cannot run at one of `budgets` (its options refused when the session is built), or None."""
-    from inf_mllm import StreamSession
-
     model = ctx.model if ctx.model is not None else ctx.vlm.model
     for budget in budgets:
         try:
@@ -331,6 +278,4 @@ def run(args):
     scale = SCALES["quick" if args.quick else "full"]
     out = Path(args.out)
     arena(out, scale, names=args.policies, budgets=args.budgets, resume=getattr(args, "resume", False))
-    from .report import arena_section
-
     print(arena_section(out / f"{NAME}.json"))

@@ -1,37 +1,27 @@
 """The benchmark harness: one record format, the compared policies, run plans, round timing, one
 `tokens_per_s`, table, JSON and plots, shared by every benchmark.
 
-Records are {"benchmark", "policy", "budget", "metric", "value", "x"}; `x` is the streamed
-position, token distance bucket, round or a label. Every policy runs through `policy_configs`, so
+The record format ({"benchmark", "policy", "budget", "metric", "value", "x"}), its JSON file, plot
+and table are `streaming/records.py`, which product commands write too; they are re-exported here,
+so a benchmark imports its whole harness from one module. Every policy runs through `policy_configs`, so
 all benchmarks compare the same configurations, and the list of policies comes from the registry
 (`inf_mllm.policies.POLICIES`) plus the named combinations below.
 """
 
-import json
-import math
+import dataclasses
 import os
 import statistics
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import psutil
 
-METRICS = ("ppl", "accuracy", "decode_ms_per_token", "ttft_s", "evict_share", "kv_tokens", "kv_mb", "rss_mb",
-           "tokens_per_s", "oom_round", "ingest_speed", "rss_slope_mb_per_round", "recall_at_k", "store_mb_per_hour",
-           "link_ms", "reencode_ms", "round_ms", "of_full", "questions")
+from streaming.records import METRICS, fmt, plot, print_table, pyplot, record, write  # noqa: F401 (re-exported)
 
-# Non-default options of the registered policies; a policy not named here runs with its dataclass defaults.
-# inf_mllm is the paper's algorithm as written.
-POLICY_CONFIGS = {
-    "full": {},
-    "window": {},
-    "streaming_llm": {"sinks": 4},
-    "h2o": {"recent_ratio": 0.5},
-    "inf_mllm": {"window": 64, "bias": 0.01},
-    "inf_mllm_plus": {"window": 64, "bias": 1.0},
-}
+# Options that differ from a policy's dataclass defaults, by policy string or by scorer. None do today:
+# every policy runs as its class defines it (inf_mllm is the paper's algorithm as written), so a new
+# registered policy is compared as it is without an entry here.
+POLICY_CONFIGS: dict[str, dict] = {}
 
 # inf_mllm with recall of evicted turns (inf_mllm/recall.py), beside its references: similarity only,
 # the oracle (exactly the right turn) and k random turns. Run by the benchmarks whose questions look back.
@@ -41,7 +31,7 @@ RECALL_POLICIES = ("inf_mllm+recall", "inf_mllm+recall_keys", "inf_mllm+recall_o
 def registered() -> list[str]:
     """Every registered policy, then the named combinations (scorer + allocator + reducer, as `stream-qa
     --policy` takes them), in registry order."""
-    from inf_mllm.policies import COMBINATIONS, POLICIES
+    from inf_mllm.policies import COMBINATIONS, POLICIES  # torch, as in `default_window`
 
     return list(dict.fromkeys([*POLICIES, *COMBINATIONS]))
 
@@ -60,12 +50,26 @@ def base_name(policy: str) -> str:
     return policy.partition("+")[0]
 
 
+def default_window(policy: str) -> int | None:
+    """The retrieval window a policy string's scorer has by default, or None when it has no `window` option
+    (or is not a registered scorer)."""
+    from inf_mllm.policies import POLICIES  # torch: `benchmarks.report` reads this module without it
+
+    cls = POLICIES.get(base_name(policy))
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return None
+    return next((f.default for f in dataclasses.fields(cls) if f.name == "window"), None)
+
+
 def config_for(policy: str, budget: int | None = None) -> dict:
     """Options for one policy string: its own entry in POLICY_CONFIGS, else its scorer's (combinations
-    and recall variants run with the scorer's options); a window never larger than a quarter of the budget."""
+    and recall variants run with the scorer's options), else none. Any policy with a retrieval window
+    gets one no larger than a quarter of the budget: the window's queries are always kept, and a
+    window near the budget would leave nothing to choose."""
     cfg = dict(POLICY_CONFIGS.get(policy, POLICY_CONFIGS.get(base_name(policy), {})))
-    if "window" in cfg and budget is not None:
-        cfg["window"] = min(cfg["window"], budget // 4)
+    window = cfg.get("window", default_window(policy))
+    if window is not None and budget is not None and window > budget // 4:
+        cfg["window"] = budget // 4
     return cfg
 
 
@@ -121,7 +125,7 @@ def evict_share(evict_s: float, score_s: float, round_s: float) -> float:
 
 def tokens_per_s(decoded: int, decode_s: float) -> float:
     """Decode speed of one answer, as `inf_mllm.session.TurnStats.tokens_per_s` defines it."""
-    from inf_mllm.session import TurnStats
+    from inf_mllm.session import TurnStats  # torch, as in `default_window`
 
     return TurnStats(decode_s=decode_s, decoded=decoded).tokens_per_s
 
@@ -153,13 +157,7 @@ class RoundTimer:
         return evict_share(self.evict_s, self.score_s, round_s)
 
 
-# --- records ----------------------------------------------------------------------------------------
-
-
-def record(benchmark, policy, budget, metric, value, x):
-    assert metric in METRICS, metric
-    return {"benchmark": benchmark, "policy": policy, "budget": budget, "metric": metric,
-            "value": float(value), "x": x}
+# --- results ---------------------------------------------------------------------------------------
 
 
 def fraction_of_full(value: float, full: float, lower_is_better: bool = False) -> float:
@@ -178,79 +176,13 @@ def median(values):
     return statistics.median(values) if values else float("nan")
 
 
-def write(out_dir, name: str, records: list[dict], plot_metrics: list[str], log_x: bool = False,
-          x_label: str = "streamed tokens") -> Path:
-    """`name`.json in `out_dir` (written to a temporary file first, so an interrupted write leaves the
-    previous one), and with `plot_metrics`, `name`.png."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{name}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(records, indent=1))
-    tmp.replace(path)
-    if plot_metrics:
-        plot(out / f"{name}.png", name, records, plot_metrics, log_x, x_label)
-    return path
-
-
-# --- plots and tables -------------------------------------------------------------------------------
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot(path, name, records, metrics, log_x=False, x_label="streamed tokens", vlines=None):
-    """One panel per (metric, budget); the full cache is drawn in every budget's panel. Summary records
-    (string x next to numeric x) are left out of the curves. `vlines` {metric: label}: that metric's
-    records are drawn as labelled vertical lines (at x = value) in the first metric's panels."""
-    plt = _pyplot()
-    numeric = any(not isinstance(r["x"], str) for r in records if r["metric"] in metrics)
-    marks = [r for r in records if vlines and r["metric"] in vlines]
-    records = [r for r in records if r["metric"] in metrics and (not numeric or not isinstance(r["x"], str))]
-    budgets = sorted({r["budget"] for r in records if r["budget"] is not None}) or [None]
-    fig, axes = plt.subplots(len(metrics), len(budgets), figsize=(5.5 * len(budgets), 3.6 * len(metrics)),
-                             squeeze=False)
-    for i, metric in enumerate(metrics):
-        for j, budget in enumerate(budgets):
-            ax = axes[i][j]
-            series = defaultdict(list)
-            for r in records:
-                if r["metric"] == metric and (r["budget"] == budget or r["budget"] is None):
-                    series[r["policy"]].append((r["x"], r["value"]))
-            for policy, points in series.items():
-                xs, ys = [p[0] for p in points], [p[1] for p in points]
-                positions = xs if numeric else range(len(xs))
-                ax.plot(positions, ys, marker="o" if len(points) < 40 else None, markersize=3, linewidth=1,
-                        label=policy)
-                if not numeric:
-                    ax.set_xticks(range(len(xs)), xs)
-            if i == 0:
-                for r in marks:
-                    if r["budget"] in (budget, None):
-                        ax.axvline(r["value"], color="k", linestyle="--", linewidth=1)
-                        ax.annotate(f"{r['policy']}: {vlines[r['metric']]}", (r["value"], ax.get_ylim()[1] * 0.9),
-                                    fontsize=8)
-            ax.set_title(f"{name}: {metric}" + (f" (budget {budget})" if budget is not None else ""))
-            ax.set_xlabel(x_label if numeric else "x")
-            if log_x and numeric:
-                ax.set_xscale("log", base=2)
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+# --- plots -----------------------------------------------------------------------------------------
 
 
 def bar_plot(path, panels: list[tuple[str, list[dict], float | None]]):
     """Grouped bars, one panel per (title, records, reference): policies along x, one bar per budget (the
     full cache's alone); a `reference` that is not None is drawn as a dashed line (a goal)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(len(panels), 1, figsize=(max(8.0, 0.9 * _count_policies(panels) + 3), 3.4 * len(panels)),
                              squeeze=False)
     for ax, (title, records, reference) in zip(axes[:, 0], panels, strict=True):
@@ -277,19 +209,3 @@ def bar_plot(path, panels: list[tuple[str, list[dict], float | None]]):
 def _count_policies(panels) -> int:
     return max((len({r["policy"] for r in panel[1]}) for panel in panels), default=1)
 
-
-def fmt(value, spec=".4g") -> str:
-    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
-
-
-def print_table(records, metrics, x_filter=None):
-    """One row per (policy, budget, x), one column per metric."""
-    rows = defaultdict(dict)
-    for r in records:
-        if r["metric"] in metrics and (x_filter is None or x_filter(r["x"])):
-            rows[(r["policy"], r["budget"], r["x"])][r["metric"]] = r["value"]
-    header = ["policy", "budget", "x", *metrics]
-    print(" | ".join(f"{h:>14}" for h in header))
-    for (policy, budget, x), vals in rows.items():
-        cells = [policy, str(budget), str(x)] + [fmt(vals.get(m)) for m in metrics]
-        print(" | ".join(f"{c:>14}" for c in cells))

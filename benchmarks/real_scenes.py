@@ -58,7 +58,7 @@ OTHER = {"chelsea": "bicycle", "coffee": "dog", "rocket": "cat", "camera": "car"
 
 def photo(name: str) -> np.ndarray:
     """A sample photo as uint8 RGB (grey and binary images repeated over the channels)."""
-    from skimage import data
+    from skimage import data  # scikit-image is optional (the `data` extra): only this benchmark needs it
 
     image = getattr(data, PHOTOS[name].name)()
     if isinstance(image, tuple):  # stereo_motorcycle: (left, right, disparity)
@@ -121,7 +121,7 @@ def score(answer: str, expected: str, p: Photo) -> bool | None:
 
 
 def hallucinates(question: str, answer: str, labels) -> bool:
-    from models.tiny_vlm.labels import unsupported
+    from models.tiny_vlm.labels import unsupported  # models load torch: the CLI checks its arguments first
 
     a = answer.strip().lower()
     if question.startswith("is there") or ", is there" in question:
@@ -135,7 +135,7 @@ def hallucinates(question: str, answer: str, labels) -> bool:
 def evaluate(vlm, progress: bool = True) -> tuple[dict, list[dict]]:
     """Scores by kind (`what`, `is_there`, `which`, `earlier`, `all`, `top5_<same>`, `free_of_hallucination`)
     and the transcript."""
-    from models.tiny_vlm.labels import clip_labels, listing, names
+    from models.tiny_vlm.labels import clip_labels, listing, names  # torch, as in `hallucinates`
 
     rows = []
     for v, video in enumerate(VIDEOS, start=1):
@@ -182,7 +182,7 @@ def evaluate(vlm, progress: bool = True) -> tuple[dict, list[dict]]:
 
 
 def _ask(vlm, session, video, clip, name, kind, question, expected, labels, in_top5, top5) -> dict:
-    from models.tiny_vlm.labels import listing
+    from models.tiny_vlm.labels import listing  # torch, as in `hallucinates`
 
     answer = vlm.answer(session, question, max_new_tokens=40)
     right = score(answer, expected, PHOTOS[name])
@@ -196,7 +196,7 @@ ORDER = ("what", "is_there", "which", "earlier", "what_or_is", "all", "top5_what
 
 
 def run(args):
-    from models.tiny_vlm.model import WEIGHTS, TinyVLM
+    from models.tiny_vlm.model import WEIGHTS, TinyVLM  # torch, as in `hallucinates`
 
     weights = Path(getattr(args, "weights", None) or WEIGHTS)
     vlm = TinyVLM(weights)

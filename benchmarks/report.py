@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .arena_scores import BENCHMARKS, GOAL, QUALITY, best_at
+
 
 def load(path):
     return json.loads(Path(path).read_text()) if Path(path).exists() else []
@@ -97,8 +99,6 @@ def arena_section(path) -> str:
     """The arena's table: per (policy, budget), each benchmark's quality with its fraction of the full
     cache's in brackets, time per round, peak KV MB and eviction share; then the best configuration at
     1/8 of the context, read against the goal."""
-    from .arena import BENCHMARKS, GOAL, QUALITY, best_at
-
     path = Path(path)
     records = load(path)
     settings_path = path.with_name(path.name.replace(".json", ".settings.json"))

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import AutoTokenizer
 
 from inf_mllm import StreamSession, load_model
+from inf_mllm.loader import resolve
 
 from .common import RoundTimer, median, plans, print_table, record, write
 from .corpus import corpus_tokens, token_stream
@@ -169,10 +171,6 @@ def merge(out_dir, in_dirs, full_len=8192):
                 runs.setdefault((r["policy"], r["budget"]), []).append(r)
         merged.update(runs)
     records = [r for rs in merged.values() for r in rs]
-    from transformers import AutoTokenizer
-
-    from inf_mllm.loader import resolve
-
     segment = min(r["x"] for r in records)
     summary = summarize(records, full_len, period=corpus_tokens(AutoTokenizer.from_pretrained(resolve("smollm2"))),
                         segment=segment)

@@ -10,7 +10,7 @@ from models.tiny_vlm.evaluate import evaluate, evaluate_labels
 from models.tiny_vlm.model import TinyVLM
 from models.tiny_vlm.scenes import easy_labels, scene_frames
 
-from .common import print_table, record, write
+from .common import print_table, pyplot, record, write
 
 EASY = ("all", "colour", "shape", "yes/no", "ctx2", "ctx4", "ctx8")
 ORDER = EASY + ("labels_what", "labels_is", "labels_which", "labels_ctx8")
@@ -33,11 +33,7 @@ def run(args):
 
 
 def plot(path, records, n):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 3.6))
     xs = [r["x"] for r in records]
     colours = ["#4c72b0"] * 4 + ["#dd8452"] * 3 + ["#55a868"] * (len(xs) - 7)

@@ -13,16 +13,19 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from inf_mllm import KVShape
+from inf_mllm import KVShape, recall
 from inf_mllm.recall import resident_spans
+from models import load_adapter
 from models.tiny_vlm.data import group_by_image, image_paths, load_image, named, questions
+from streaming.clips import clip_end, grouped
 from streaming.engine import TurnEngine
-from streaming.questions import Question, Schedule, references
-from streaming.sources import FileSource
+from streaming.questions import SAMPLE_QUESTION, Question, Schedule, every, references
+from streaming.sources import FileSource, bundled_clip
 
 from .common import RoundTimer, config_for, plot, policy_names, print_table, record, rss_mb, write
 
@@ -37,8 +40,6 @@ class OutOfMemory(Exception):
 
 
 def make_video(path: Path, images: list[np.ndarray]) -> Path:
-    import cv2
-
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), VIDEO_FPS, (SIZE, SIZE))
     for img in images:
         frame = cv2.cvtColor(cv2.resize(img, (SIZE, SIZE), interpolation=cv2.INTER_NEAREST), cv2.COLOR_RGB2BGR)
@@ -107,30 +108,17 @@ def run_one(vlm, video: Path, asks, policy: str, budget: int | None, cfg: dict, 
             bar.update()
     except OutOfMemory as err:
         oom = int(err.args[0])
-    if session.store is not None:
-        engine.telemetry.store_bytes = session.store.ram_bytes + session.store.disk_bytes
-    return per_round, oom, engine.telemetry
+    store_bytes = session.store.ram_bytes + session.store.disk_bytes if session.store is not None else None
+    return per_round, oom, engine.telemetry, store_bytes
 
 
 @torch.inference_mode()
 def encode_video(vlm, video: Path, clip_s: float = CLIP_S, fps: float = 1.0) -> list[tuple]:
-    """(index, start, end, visual) per clip of `video`, grouped and encoded as the engine's ingest thread
-    does (`TurnEngine._ingest`): computed once, then replayed into every policy's session."""
-    clips, frames, times = [], [], []
-
-    def emit():
-        step = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else clip_s
-        clips.append((len(clips) + 1, times[0], times[-1] + step, vlm.encode(np.stack(frames), times)))
-
-    for frame in FileSource(video, fps=fps):
-        if frames and frame.t - times[0] >= clip_s:
-            emit()
-            frames, times = [], []
-        frames.append(frame.rgb)
-        times.append(frame.t)
-    if frames:
-        emit()
-    return clips
+    """(index, start, end, visual) per clip of `video`, grouped as the engine groups them (streaming.clips) and
+    encoded once, then replayed into every policy's session."""
+    frames = FileSource(video, fps=fps)
+    return [(k, times[0], clip_end(times, clip_s), vlm.encode(np.stack(rgb), times))
+            for k, (rgb, times) in enumerate(grouped(frames, clip_s), start=1)]
 
 
 def qa_rounds(vlm, clips, asks, policy: str, budget: int | None, cfg: dict, timed: bool = False, bar=None):
@@ -167,8 +155,6 @@ VIDEOS = {5: 12, 10: 6}
 
 
 def run(args):
-    from models import load_adapter
-
     budget = (args.budgets or [512])[0]
     round_sets = [5, 10, 30] if args.quick else [5, 10, 300]
     if args.tokens:
@@ -221,8 +207,6 @@ def run(args):
 def link_vs_reencode(vlm, budget: int, paths, clips: int = 40, repeats: int = 20) -> list[dict]:
     """Bringing back one evicted clip: linking its stored KV (re-rotated, inserted) against encoding its
     frame again and prefilling the clip turn, both into the same 512-token cache and undone after."""
-    from inf_mllm import recall
-
     session = vlm.new_session("inf_mllm+recall", budget=budget, **config_for("inf_mllm", budget))
     images = [load_image(paths[i]) for i in range(clips)]
     for k, img in enumerate(images, start=1):
@@ -252,16 +236,13 @@ def link_vs_reencode(vlm, budget: int, paths, clips: int = 40, repeats: int = 20
 def orin_protocol(vlm, out: Path, budget: int, minutes: int, policies=("inf_mllm", "full")):
     """The paper's Orin demo: a real clip (bikes.mp4) looped to `minutes` of video, a question every
     30 s of video, memory and time to first token per question. Played as fast as it decodes."""
-    from streaming.questions import every
-    from streaming.sources import bundled_clip
-
     clip = bundled_clip("bikes.mp4")
     loops = int(minutes * 60 // FileSource(clip).duration)
     records = []
     for policy in policies:
         session = vlm.new_session(policy, budget=None if policy == "full" else budget, **config_for(policy, budget))
         engine = TurnEngine(vlm, session, clip_seconds=4.0, max_new_tokens=8)
-        schedule = Schedule(every(30, "what is the color of the shape?", loops * 10.0))
+        schedule = Schedule(every(30, SAMPLE_QUESTION, loops * 10.0))
         answers = engine.run(FileSource(clip, fps=1.0, loops=loops), schedule)
         label = budget if policy != "full" else None
         for a in tqdm(answers, total=len(schedule.timed), desc=f"orin protocol {policy}"):
@@ -284,7 +265,7 @@ def summarize(label, budget, rounds, results, per_round_records: bool):
     Time to first token is summarised at the last round (the median over videos) and, for long
     videos, over the last 10 rounds, so that a goal like "round 300 ≤ 1.1× round 5" compares medians."""
     name = "video_qa"
-    per_round = [r for rows, _, _ in results for r in rows]
+    per_round = [r for rows, _, _, _ in results for r in rows]
     out = []
     if per_round:
         out.append(record(name, label, budget, "accuracy", np.mean([r["ok"] for r in per_round]), rounds))
@@ -309,14 +290,14 @@ def summarize(label, budget, rounds, results, per_round_records: bool):
     if per_round and rounds > 10:
         out.append(record(name, label, budget, "ttft_s", float(np.median([r["ttft_s"] for r in per_round])),
                           f"{rounds}r all rounds"))
-    stored = [(tele.store_bytes, tele.video_s) for _, _, tele in results if getattr(tele, "store_bytes", None)]
+    stored = [(store, tele.video_s) for _, _, tele, store in results if store]
     if stored:
         mb_per_hour = np.median([b / 2**20 / (v / 3600) for b, v in stored if v])
         out.append(record(name, label, budget, "store_mb_per_hour", float(mb_per_hour), rounds))
-    speeds = [tele.ingest_speed for _, _, tele in results if tele.ingest_s]
+    speeds = [tele.ingest_speed for _, _, tele, _ in results if tele.ingest_s]
     if speeds:
         out.append(record(name, label, budget, "ingest_speed", float(np.median(speeds)), rounds))  # video s per wall s
-    for _, oom, _ in results:
+    for _, oom, _, _ in results:
         if oom is not None:
             out.append(record(name, label, budget, "oom_round", oom, rounds))
             break

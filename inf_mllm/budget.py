@@ -1,21 +1,13 @@
 """KV budgets: how many tokens each layer may keep after an eviction.
 
-A budget is given in tokens (``1024``) or bytes (``"512MB"``, ``"2GiB"``, an int with ``bytes=True``),
+A budget is given in tokens (``1024``) or bytes (``"512MB"``, ``"2GiB"``; the grammar is in spec.py),
 uniform or per layer (a list). Bytes become tokens from the cache's own shapes: layers x 2 (K and V)
 x KV heads x head dim x dtype size x batch.
 """
 
-import re
 from dataclasses import dataclass
 
-_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-
-
-def parse_bytes(text: str) -> int:
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmg]i?b|b)\s*", text.lower())
-    if not m:
-        raise ValueError(f"cannot read a memory size from {text!r}: use e.g. 512MB or 2GiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
+from .spec import parse_bytes
 
 
 @dataclass(frozen=True)

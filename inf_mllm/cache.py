@@ -16,9 +16,10 @@ from . import attention
 from .attention import use_observing_attention
 from .budget import KVShape, layer_budgets
 from .observers import WindowObserver
-from .policies import LayerView, Policy, Uniform, make_policy
+from .policies import LayerView, Policy, Uniform, build
 from .rope import RotationTable, rope_inv_freq
 from .scoring import window_scores
+from .spec import PolicySpec, as_spec
 
 
 class ProbeDone(Exception):
@@ -86,7 +87,7 @@ class StreamingLayer(DynamicLayer):
         return LayerView(self.get_seq_length(), self.prompt_len, self.keys.shape[1], s.get("window"), s.get("acc"),
                          s.get("post"), s.get("sparsity"))
 
-    def can_select(self, policy: Policy) -> bool:
+    def has_scores(self, policy: Policy) -> bool:
         """Whether the prompt statistics `policy` ranks by are current (not spent by an eviction, nor
         stale once answer tokens came in)."""
         n = self.get_seq_length()
@@ -231,13 +232,14 @@ class StreamingCache(Cache):
                 policy.check(budget)
 
     @classmethod
-    def for_model(cls, model, policy: str | Policy = "inf_mllm", budget=None, batch: int = 1, **policy_kwargs):
+    def for_model(cls, model, policy: PolicySpec | Policy | str = "inf_mllm", budget=None, batch: int = 1,
+                  **options):
         """Build a cache for `model`; `budget` is tokens, bytes ("512MB") or a per-layer list."""
-        if isinstance(policy, str):
-            policy = make_policy(policy, **policy_kwargs)
+        if not isinstance(policy, Policy):
+            policy = build(as_spec(policy, **options))
         inv_freq = rope_inv_freq(model)
         shape = KVShape.from_config(model.config, torch.finfo(model.dtype).bits // 8, batch)
-        budgets = layer_budgets(budget, shape) if policy.name != "full" else None
+        budgets = layer_budgets(budget, shape) if type(policy).name != "full" else None
         if policy.all_observers() or not isinstance(policy.allocator, Uniform):
             use_observing_attention(model)  # also slices the causal mask for layers of different lengths
         return cls(policy, budgets, inv_freq, shape.num_layers)
@@ -300,6 +302,14 @@ class StreamingCache(Cache):
             layer.budget = budget
             plans.append(policy.select(view, budget) if view.n > budget else None)
         self._apply(plans, views, policy.reducer)
+
+    def shrink(self, budgets: list[int]) -> None:
+        """Tighten the budgets and evict down to them now (an out-of-memory retry). When the policy's
+        prompt statistics are spent (by the last eviction, or stale once answer tokens came in), the
+        attention sinks and the newest tokens stay: StreamingLLM's choice needs no scores."""
+        self.budgets = list(budgets)
+        fresh = all(layer.has_scores(self.policy) for layer in self.layers if layer.is_initialized)
+        self.evict(None if fresh else build(PolicySpec("streaming_llm")))
 
     def step(self) -> None:
         """After a decode step: policies that evict while decoding (H2O, Elastic's fixed-point

@@ -20,7 +20,11 @@ from pathlib import Path
 import torch
 
 from .cache import StreamingCache
-from .policies import make_policy, priority_curve, resample_curve
+from .demo import WORDS
+from .loader import SMOLLM2, load_model
+from .policies import build
+from .policies.priority import priority_curve, resample_curve
+from .spec import PolicySpec
 
 POINTS = 101  # prefix ratios 0, 0.01, ..., 1
 
@@ -30,7 +34,7 @@ def calibrate(model, samples: list[torch.Tensor], points: int = POINTS) -> list[
     """Mean curve per layer over the samples: (1, T) token ids or (1, T, hidden) input embeddings."""
     if not samples:
         raise ValueError("calibration needs at least one sample")
-    policy = make_policy("prefixkv")
+    policy = build(PolicySpec("prefixkv"))
     total = None
     for sample in samples:
         cache = StreamingCache.for_model(model, policy, budget=None)  # no eviction: only accumulate
@@ -54,8 +58,6 @@ def save(path: str | Path, curves: list[list[float]], about: dict) -> None:
 
 def demo_samples(tok, count: int, tokens: int, seed: int = 0) -> list[torch.Tensor]:
     """Streams of "word: number" facts, as `python -m inf_mllm demo` streams them."""
-    from .demo import WORDS
-
     rng = random.Random(seed)
     out = []
     for _ in range(count):
@@ -82,8 +84,6 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.samples < 1 or args.tokens < 8:
         p.error("--samples must be at least 1 and --tokens at least 8")
-    from .loader import SMOLLM2, load_model
-
     model, tok = load_model(args.model or SMOLLM2)
     samples = (text_samples(tok, args.text, args.samples, args.tokens) if args.text
                else demo_samples(tok, args.samples, args.tokens))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from .attention import ATTN_IMPLEMENTATION
 
@@ -52,8 +53,6 @@ def _recorded_sha256(gguf: Path) -> str | None:
 
 
 def _convert_smollm2(target: Path) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf = smollm2_gguf()
     expected = _recorded_sha256(gguf)
     if expected is not None:
@@ -92,8 +91,6 @@ def resolve(name_or_path: str) -> Path:
 
 def load_model(name_or_path: str = SMOLLM2, dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """(model, tokenizer) ready for a StreamingCache: SDPA attention that reports to the cache."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     path = resolve(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)

@@ -7,69 +7,23 @@ layer and stops (leaving no trace); the question's keys there, with RoPE removed
 with each stored span's summary keys (cosine, best span key per question token). Each question
 token's similarities are z-normalised over the candidate spans, so tokens every turn shares (the
 chat template) weigh nothing and the distinctive ones ("clip", a number, a key word) decide; a span
-scores by its best token, averaged over heads, summed over the scoring layers (`scoring="sum"`) or
-voted per layer (`"vote"`). Keys of the middle layers carry a token together with its neighbours,
-so they match "clip 13" rather than any 1 and 3 (the layer choice is measured in
+scores by its best token, averaged over heads, summed over the scoring layers. Keys of the middle
+layers carry a token together with its neighbours, so they match "clip 13" rather than any 1 and 3
+(the layer choice is measured in
 benchmarks/results/README.md). The spans are linked back in time order as one block, re-rotated to
 fresh contiguous positions (at the end of the cache, just before the question, or at its front
 after the sinks), with no re-encoding. The question turn does not evict, so the answer sees them;
 they leave again at the next turn boundary. `oracle` links exactly the right span and `random` k
-random ones: the references recall is measured against.
+random ones: the references recall is measured against. The options are `spec.Recall`.
 """
 
-import random
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from .policies import ALLOCATORS, REDUCERS
 from .rope import rerotate
+from .spec import Recall
 from .store import Span, SpanStore
-
-MODES = ("attention", "oracle", "random")
-
-
-@dataclass
-class Recall:
-    mode: str = "attention"
-    k: int = 4
-    named: bool = True  # link the turns a question names (clip, time) before ranking the rest
-    scoring: str = "sum"  # "sum": one ranking summed over layers; "vote": each layer votes for its top k
-    at: str = "end"  # where recalled spans sit: "end" (before the question) or "front" (after the sinks)
-    reps: int = 32  # representative keys per scoring layer and KV head, besides the mean key
-    layers: tuple[int, ...] | None = (5, 7)  # the layers whose keys score spans (None: every layer)
-    window: int = 64  # turn queries observed to pick representatives (policies without a window of their own)
-    resident: float = 0.5  # a span with at least this share of its tokens still cached is not recalled
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"recall mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if self.scoring not in ("sum", "vote"):
-            raise ValueError(f"recall scoring must be 'sum' or 'vote', got {self.scoring!r}")
-        if self.at not in ("end", "front"):
-            raise ValueError(f"recall placement must be 'end' or 'front', got {self.at!r}")
-        if self.k < 1 or self.reps < 1 or self.window < 1:
-            raise ValueError("recall k, reps and window must be at least 1")
-        self.rng = random.Random(self.seed)
-
-
-def parse_policy(name: str) -> tuple[str, Recall | None]:
-    """'inf_mllm+recall' → ('inf_mllm', Recall()); '+recall_keys' ranks by similarity alone, ignoring what the
-    question names; '+recall_oracle' / '+recall_random' are the references it is measured against. The
-    recall suffix comes last; the parts before it (an allocator, a reducer: 'inf_mllm+merge+recall')
-    stay in the policy name, which `policies.make_policy` reads."""
-    base, *parts = name.split("+")
-    kinds = {"recall": {}, "recall_keys": {"named": False}, "recall_oracle": {"mode": "oracle"},
-             "recall_random": {"mode": "random"}}
-    recall = Recall(**kinds[parts.pop()]) if parts and parts[-1] in kinds else None
-    for part in parts:
-        if part not in ALLOCATORS and part not in REDUCERS:
-            raise ValueError(f"unknown policy suffix {'+' + part!r}; use {', '.join('+' + k for k in kinds)} (last), "
-                             f"a budget allocator ({', '.join(ALLOCATORS)}) or a reducer ({', '.join(REDUCERS)})")
-    return "+".join([base, *parts]), recall
-
 
 # --- storing a turn ---------------------------------------------------------------------------------
 
@@ -160,13 +114,7 @@ def choose(store: SpanStore, resident: set[int], recall: Recall, question_keys=N
         return []
     everyone = sorted(store.spans)
     k = min(recall.k, len(everyone))
-    z = span_scores(question_keys, store, everyone)
-    if recall.scoring == "sum":
-        order = z.sum(dim=1).topk(k).indices
-    else:
-        votes = torch.zeros(len(everyone))
-        votes.index_add_(0, z.topk(k, dim=0).indices.reshape(-1), torch.ones(k * z.shape[1]))
-        order = (votes + 1e-3 * z.sum(dim=1).softmax(dim=0)).topk(k).indices
+    order = span_scores(question_keys, store, everyone).sum(dim=1).topk(k).indices
     return sorted(everyone[i] for i in order.tolist() if everyone[i] not in resident)
 
 

@@ -74,7 +74,7 @@ def window_scores_torch(query, keys, scaling: float, block: int = KEY_BLOCK) -> 
 
 def window_scores(query, keys, scaling: float) -> torch.Tensor:
     if query.is_cuda:
-        from .triton_scores import window_scores_triton
+        from .triton_scores import window_scores_triton  # lazy: Triton is there (and used) only on CUDA
 
         return window_scores_triton(query, keys, scaling)
     return window_scores_torch(query, keys, scaling)

@@ -15,6 +15,7 @@ import torch
 from . import recall as recall_
 from .cache import ProbeDone, StreamingCache
 from .rope import rerotate
+from .spec import PolicySpec, Recall, as_spec
 from .store import SpanStore
 
 
@@ -35,16 +36,17 @@ class TurnStats:
 
 
 class StreamSession:
-    """`policy` may end in "+recall" (or "+recall_oracle", "+recall_random"): turns then go to a span
-    store (`store`: a `SpanStore`, or a folder for one that survives a restart) and questions asked
-    through `append_question` link back the stored turns they need (`recall`: a `recall.Recall`)."""
+    """`policy` is a `PolicySpec` (a policy string is parsed into one). With recall (`spec.recall`, or
+    `recall` given here), turns go to a span store (`store`: a `SpanStore`, or a folder for one that
+    survives a restart) and questions asked through `append_question` link back the stored turns they
+    need. `options` are the policy's options (window, bias, ...)."""
 
-    def __init__(self, model, tokenizer=None, policy="inf_mllm", budget=None, batch: int = 1,
-                 recall: "recall_.Recall | None" = None, store: "SpanStore | str | None" = None, **policy_kwargs):
+    def __init__(self, model, tokenizer=None, policy: PolicySpec | str = "inf_mllm", budget=None, batch: int = 1,
+                 recall: Recall | None = None, store: SpanStore | str | None = None, **options):
         self.model, self.tokenizer = model, tokenizer
-        name, suffix = recall_.parse_policy(policy) if isinstance(policy, str) else (policy, None)
-        self.recall = recall or suffix
-        self.cache = StreamingCache.for_model(model, name, budget, batch=batch, **policy_kwargs)
+        spec = as_spec(policy, **options)
+        self.recall = recall or spec.recall
+        self.cache = StreamingCache.for_model(model, spec, budget, batch=batch)
         self.batch = batch
         self.seen = 0  # tokens streamed in so far, whatever was evicted
         self.turns = 0  # turns appended so far; a stored turn's span id is its turn number
@@ -58,7 +60,7 @@ class StreamSession:
             if batch != 1:
                 raise ValueError("recall works on one stream at a time (batch 1)")
             if self.cache.policy.evict_while_decoding:
-                raise ValueError(f"recall needs a policy that evicts only at turn boundaries, not {name}")
+                raise ValueError(f"recall needs a policy that evicts only at turn boundaries, not {spec.policy_name}")
             self.store = store if isinstance(store, SpanStore) else SpanStore(store)
             self.turns = self.store.next_id
             self.cache.enable_recall(model, self.recall.window)

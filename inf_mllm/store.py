@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load, save
 
 from . import diskio, store_index
@@ -276,7 +277,5 @@ class SpanStore:
 
 
 def tensors_meta(path: Path) -> dict:
-    from safetensors import safe_open
-
     with safe_open(str(path), "pt") as f:
         return f.metadata() or {}

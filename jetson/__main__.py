@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--warmup", type=float, default=0.2, help="share of rounds left out of the slope fit")
     s.add_argument("--model", default="tiny-vlm")
     s.add_argument("--policy", default="inf_mllm")
+    s.add_argument("--window", type=int, help="retrieval window l (default: the policy's, at most a quarter of "
+                                              "a token budget)")
+    s.add_argument("--bias", type=float, help="inf_mllm attention bias b (default: the policy's)")
     s.add_argument("--budget", default="512", help="tokens per layer, a size such as 64MB, or auto")
     s.add_argument("--compare-full", type=float, metavar="X", default=0,
                    help="also run a full cache capped at X times the budget's memory")
@@ -44,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+    try:  # each command loads its own module only: a soak's bad arguments fail before OpenCV or torch load
         if args.command == "probe":
             from .probe import run
         elif args.command == "soak":

@@ -12,6 +12,8 @@ row: each retry is an attempt), and `bug` (a RuntimeError on every clip from the
 import sys
 from contextlib import contextmanager
 
+from streaming.cli import main as stream_qa
+
 KINDS = ("error", "oom", "bug")
 
 
@@ -22,7 +24,7 @@ class InjectedFault(RuntimeError):
 @contextmanager
 def inject(adapter, kind: str, at: int, times: int = 1):
     """Fail the `at`-th call of `adapter.append_clip` (1-based) and, for `oom`, the next `times - 1` calls."""
-    import torch
+    import torch  # not at the top: `main` answers a bad usage before torch loads (the adapter has loaded it by now)
 
     if kind not in KINDS:
         raise ValueError(f"fault kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -64,8 +66,7 @@ def main(argv=None) -> int:
         return 2
     head, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     kind, at, times = head[0], int(head[1]), int(head[2]) if len(head) == 3 else 1
-    import models
-    from streaming.cli import main as stream_qa
+    import models  # loads torch: only once the usage is right
 
     real = models.load_adapter
     faults = []

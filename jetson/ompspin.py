@@ -16,6 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from streaming.questions import SAMPLE_QUESTION
+from streaming.records import print_table, record, write
+from streaming.sources import bundled_clip
+
 VARIANTS = {
     "libgomp default": "",  # an empty value is invalid to libgomp, which then keeps its default
     "passive (stream-qa)": None,  # unset: `streaming` sets OMP_WAIT_POLICY=PASSIVE before torch loads
@@ -27,7 +31,7 @@ def one_run(env_value: str | None, clip: str) -> list[float]:
     if env_value is not None:
         env["OMP_WAIT_POLICY"] = env_value
     argv = [sys.executable, "-m", "streaming.cli", clip, "--fast", "--json", "--loop", "3", "--clip-seconds", "2",
-            "--every", "2s", "--question", "what is the color of the shape?", "--max-new-tokens", "4"]
+            "--every", "2s", "--question", SAMPLE_QUESTION, "--max-new-tokens", "4"]
     out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(out.stderr.strip().splitlines()[-1])
@@ -35,9 +39,6 @@ def one_run(env_value: str | None, clip: str) -> list[float]:
 
 
 def run(args) -> int:
-    from benchmarks.common import print_table, record, write
-    from streaming.sources import bundled_clip
-
     clip = str(bundled_clip())
     during, after = {v: [] for v in VARIANTS}, {v: [] for v in VARIANTS}
     for rep in range(args.reps):

@@ -16,20 +16,23 @@ import sys
 from pathlib import Path
 
 from streaming.errors import ConfigError
+from streaming.memory import auto_budget_for, tune_allocator
+from streaming.questions import QuestionError, parse_time
+from streaming.records import record, write
 from streaming.soak import EveryKRounds, describe, run_soak, verdict
+from streaming.sources import FileSource, bundled_clip
 
 from .tegrastats import Tegrastats
 
 
 def soak_one(adapter, video, policy: str, budget, rounds: int | None, duration_s: float | None, args, log,
-             cap_bytes: int | None = None) -> dict:
-    """One soak of `policy` on a looped `video`; every sample goes to `log` (one JSON object per line)."""
-    from benchmarks.common import policy_configs
-    from streaming.engine import TurnEngine
-    from streaming.sources import FileSource
+             cap_bytes: int | None = None, options: dict | None = None) -> dict:
+    """One soak of `policy` on a looped `video`; every sample goes to `log` (one JSON object per line).
+    `options` are the policy's (default: `policy_options` without a window or bias of its own)."""
+    from streaming.engine import TurnEngine  # loads torch: this module stays light until the arguments are checked
 
-    cfg = policy_configs([policy], budget if isinstance(budget, int) else None).get(policy, {})
-    session = adapter.new_session(policy, budget=budget, **cfg)
+    options = policy_options(policy, budget) if options is None else options
+    session = adapter.new_session(policy, budget=budget, **options)
     per_loop = max(1, math.ceil(FileSource(video, fps=args.fps).duration / args.clip_seconds))
     loops = math.ceil(rounds / per_loop) + 1 if rounds else 10**9
     source = FileSource(video, fps=args.fps, realtime=False, loops=loops)
@@ -42,9 +45,21 @@ def soak_one(adapter, video, policy: str, budget, rounds: int | None, duration_s
                         extra=lambda: {"tegrastats": teg.latest} if teg.latest else {})
 
 
-def records(run: dict, v: dict) -> list[dict]:
-    from benchmarks.common import record
+def policy_options(policy: str, budget, window: int | None = None, bias: float | None = None) -> dict:
+    """The policy's options, from the soak's own `--window` and `--bias`. Without a window, a policy that
+    has a retrieval window keeps its default one but never more than a quarter of a token budget, the
+    rule the benchmarks run by: at budget 64 the default window (64) would be the whole cache."""
+    from inf_mllm import make_policy  # loads torch: only once the arguments have been checked
 
+    options = {k: v for k, v in (("bias", bias), ("window", window)) if v is not None}
+    if window is None and isinstance(budget, int):
+        default = getattr(make_policy(policy.partition("+")[0]), "window", None)
+        if default is not None and default > budget // 4:
+            options["window"] = budget // 4
+    return options
+
+
+def records(run: dict, v: dict) -> list[dict]:
     policy, budget = run["policy"], run["budget"]
     out = []
     for s in run["samples"]:
@@ -59,8 +74,6 @@ def records(run: dict, v: dict) -> list[dict]:
 
 
 def parse_duration(text: str) -> float:
-    from streaming.questions import QuestionError, parse_time
-
     try:
         seconds = parse_time(text)
     except QuestionError as err:
@@ -71,8 +84,6 @@ def parse_duration(text: str) -> float:
 
 
 def run(args) -> int:
-    from streaming.sources import FileSource, bundled_clip
-
     if (args.rounds is None) == (args.duration is None):
         raise ConfigError("give exactly one of --rounds N or --duration TIME")
     if args.rounds is not None and args.rounds < 2:
@@ -84,6 +95,10 @@ def run(args) -> int:
         raise ConfigError(f"--sample-s must be a number of seconds ≥ 0 (0: every round), got {args.sample_s}")
     if args.question_every < 1 or args.max_new_tokens < 1:
         raise ConfigError("--question-every and --max-new-tokens must be at least 1")
+    if args.window is not None and args.window < 1:
+        raise ConfigError(f"--window must be a whole number ≥ 1, got {args.window}")
+    if args.bias is not None and not (math.isfinite(args.bias) and args.bias >= 0):
+        raise ConfigError(f"--bias must be a finite number ≥ 0, got {args.bias}")
     if not 0 <= args.warmup < 1:
         raise ConfigError(f"--warmup is a fraction of the rounds in [0, 1), got {args.warmup}")
     duration = parse_duration(args.duration) if args.duration else None
@@ -91,16 +106,12 @@ def run(args) -> int:
     FileSource(video, fps=args.fps)  # a bad file fails here, before the model loads
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from streaming.memory import tune_allocator
-
     tune_allocator()  # as stream-qa does: the soak measures the product's own memory behaviour
     from models import load_adapter  # torch and transformers load only once the arguments are good
 
     adapter = load_adapter(args.model, device=args.device)
     budget = args.budget
     if budget == "auto":
-        from streaming.memory import auto_budget_for
-
         budget, auto = auto_budget_for(adapter, args.max_new_tokens, args.device)
         print(f"soak: --budget auto: {budget} tokens per layer ({auto.explain()})", file=sys.stderr)
     elif str(budget).isdigit():
@@ -108,25 +119,23 @@ def run(args) -> int:
     log_path = out / f"{args.name}.jsonl"
     runs, verdicts = [], []
     with open(log_path, "w") as log:
-        plan = [(args.policy, budget, None)]
+        plan = [(args.policy, budget, None, policy_options(args.policy, budget, args.window, args.bias))]
         if args.compare_full:
             per_token = _bytes_per_token(adapter)
             tokens = budget if isinstance(budget, int) else None
             if tokens is None:
                 raise ConfigError("--compare-full needs --budget in tokens")
-            plan.append(("full", None, args.compare_full * tokens * per_token))
-        for policy, b, cap in plan:
+            plan.append(("full", None, args.compare_full * tokens * per_token, {}))
+        for policy, b, cap, options in plan:
             print(f"soak: {policy}{' (capped)' if cap else ''} on {video.name}, "
                   f"{args.rounds or ''}{' rounds' if args.rounds else args.duration}…", file=sys.stderr)
-            r = soak_one(adapter, video, policy, b, args.rounds, duration, args, log, cap)
+            r = soak_one(adapter, video, policy, b, args.rounds, duration, args, log, cap, options)
             v = verdict(r, args)
             print(describe(v), flush=True)
             runs.append(r)
             verdicts.append(v)
             if r["stopped"] == "interrupted":
                 break
-    from benchmarks.common import write
-
     recs = [rec for r, v in zip(runs, verdicts, strict=True) for rec in records(r, v)]
     write(out, args.name, recs, ["rss_mb", "kv_mb"], x_label="round")
     (out / f"{args.name}_verdict.json").write_text(json.dumps(verdicts, indent=1) + "\n")
@@ -136,7 +145,7 @@ def run(args) -> int:
 
 
 def _bytes_per_token(adapter) -> int:
-    import torch
+    import torch  # not at the top: this module stays torch-free until run() has checked the arguments
 
     from inf_mllm import KVShape
 

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from inf_mllm import StreamSession
+from inf_mllm.session import StreamSession
+from inf_mllm.spec import PolicySpec, as_spec
 
 
 @dataclass(frozen=True)
 class AdapterInfo:
     name: str
     visual_tokens: int  # per clip, as encode_clip returns them
-    per: str  # what visual_tokens counts: "clip" or "frame"
     dtype: str
     device: str
     context_length: int
@@ -87,8 +87,16 @@ class VideoAdapter(ABC):
     def question_turn(self, question: str) -> torch.Tensor:
         return self.text_ids(self.question_text(question))
 
-    def new_session(self, policy: str = "inf_mllm", budget=None, **policy_kwargs) -> StreamSession:
-        session = StreamSession(self.model, self.tokenizer, policy, budget=budget, **policy_kwargs)
+    def turn_tokens(self) -> int:
+        """Tokens one clip turn adds to the cache: its visual tokens and its text."""
+        return self.describe().visual_tokens + len(self.text_ids("".join(self.clip_text(1, 0.0)))[0])
+
+    def question_tokens(self, question: str) -> int:
+        """Tokens `question` takes as a question turn."""
+        return len(self.text_ids(self.question_text(question))[0])
+
+    def new_session(self, policy: PolicySpec | str = "inf_mllm", budget=None, **options) -> StreamSession:
+        session = StreamSession(self.model, self.tokenizer, as_spec(policy, **options), budget=budget)
         session.append(self.text_ids(self.system_text()), store=False)
         return session
 

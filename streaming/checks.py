@@ -15,11 +15,12 @@ import tempfile
 import traceback
 from pathlib import Path
 
+from inf_mllm.spec import parse_budget
+
 from .errors import ConfigError, OutputError
 
 EXIT_BUG, EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED = 1, 2, 141, 130
 MAX_NEW_TOKENS = 4096
-_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmg]i?b|b)\s*", re.I)  # inf_mllm.budget.parse_bytes's grammar
 
 
 def positive(name: str, value: float | None, integer: bool = False) -> None:
@@ -31,17 +32,11 @@ def positive(name: str, value: float | None, integer: bool = False) -> None:
 
 
 def check_budget(text: str) -> None:
-    """Tokens per layer ("512"), a memory size ("512MB") or "auto"; nothing else reaches the core."""
-    text = str(text).strip()
-    if text.lower() == "auto":
-        return
-    if text.isdigit():
-        if int(text) < 1:
-            raise ConfigError(f"--budget must be at least 1 token, got {text}")
-        return
-    m = _SIZE.fullmatch(text)
-    if not m or float(m.group(1)) <= 0:
-        raise ConfigError(f"--budget {text!r}: give tokens per layer (512), a memory size (512MB, 2GiB) or auto")
+    """Tokens per layer ("512"), a memory size ("512MB") or "auto", by the core's own grammar."""
+    try:
+        parse_budget(text)
+    except ValueError as err:
+        raise ConfigError(f"--{err}" if str(err).startswith("budget ") else f"--budget: {err}") from None
 
 
 def check_args(args) -> None:
@@ -58,8 +53,6 @@ def check_args(args) -> None:
     if args.webcam is not None and args.webcam < 0:
         raise ConfigError(f"--webcam takes a camera index ≥ 0, got {args.webcam}")
     check_budget(args.budget)
-    if str(args.budget).strip().lower() == "auto":
-        args.budget = "auto"  # AUTO, Auto: the one spelling the loader knows
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
         raise ConfigError(f"--device must be cpu, cuda, cuda:N or mps, got {args.device!r}")
 
@@ -85,7 +78,7 @@ def check_context(budget: int, headroom: int, context: int) -> None:
 
 def check_device(device: str) -> None:
     """After torch is imported: the device asked for exists here."""
-    import torch
+    import torch  # lazy: called once torch is in; the checks above run before it loads
 
     if device.startswith("cuda"):
         if not torch.cuda.is_available():

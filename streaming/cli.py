@@ -9,6 +9,11 @@ import argparse
 import json
 import sys
 import warnings
+from argparse import Namespace
+
+from tqdm import tqdm
+
+from inf_mllm.spec import PolicySpec, Recall, parse_budget
 
 from .checks import (
     EXIT_BROKEN_PIPE,
@@ -26,8 +31,20 @@ from .checks import (
     write_bug_report,
 )
 from .errors import ConfigError, environment_fault, is_user_error
-from .memory import tune_allocator
-from .questions import Question, QuestionError, Schedule, check_times, every, parse_ask, read_file
+from .memory import auto_budget_for, tune_allocator
+from .questions import (
+    SAMPLE_QUESTION,
+    Question,
+    QuestionError,
+    Schedule,
+    check_times,
+    every,
+    parse_ask,
+    parse_time,
+    read_file,
+)
+from .session_dir import SessionDir
+from .soak import QUESTION, EveryKRounds, describe, parse_soak, run_soak, verdict
 from .sources import bundled_clip, open_source
 from .stdin import StdinQuestions
 
@@ -85,8 +102,6 @@ SESSION_SETTINGS = ("video", "webcam", "url", "fps", "clip_seconds", "fast", "lo
 
 def open_session_dir(args):
     """--session / --resume: the folder, with args completed from a resumed session's settings."""
-    from .session_dir import SessionDir
-
     if args.session and args.resume:
         raise UsageError("--session starts a session and --resume continues one: give one of them")
     if not (args.session or args.resume):
@@ -99,8 +114,6 @@ def open_session_dir(args):
         except ConfigError:
             folder.close()  # refused: the folder is free for the next try
             raise
-    elif "+recall" not in args.policy:
-        args.policy += "+recall"  # the store is what a resumed session answers from
     return folder
 
 
@@ -121,30 +134,36 @@ def questions_from(args, duration: float | None) -> tuple[list[Question], bool]:
     return qs, not qs
 
 
-def policy_kwargs(args) -> dict:
-    return {k: v for k, v in (("bias", args.bias), ("window", args.window)) if v is not None}
+def policy_spec(args, folder=None) -> PolicySpec:
+    """--policy with --bias and --window as its options; a session folder needs recall (the store is
+    what a resumed session answers from)."""
+    try:
+        spec = PolicySpec.parse(args.policy, **{k: v for k, v in (("bias", args.bias), ("window", args.window))
+                                                if v is not None})
+    except ValueError as err:
+        raise UsageError(f"--policy {args.policy}: {one_line(err)}") from err
+    if folder is not None and spec.recall is None:
+        spec = spec.with_recall(Recall())
+    return spec
 
 
-def load_session(args, adapter, folder=None):
-    budget = None if args.policy.startswith("full") else args.budget
+def load_session(args, spec: PolicySpec, adapter, folder=None):
+    budget = parse_budget(args.budget) if spec.bounded else None
     if budget == "auto":
-        from .memory import auto_budget_for
-
         budget, auto = auto_budget_for(adapter, args.max_new_tokens, args.device)
         print(f"stream-qa: --budget auto: {budget} tokens per layer ({auto.explain()})", file=sys.stderr)
     try:
         store = {"store": folder.open_store()} if folder is not None else {}
-        session = adapter.new_session(args.policy, budget=budget, **store, **policy_kwargs(args))
+        session = adapter.new_session(spec, budget=budget, **store)
     except ValueError as err:  # the policy refuses these options (window larger than the budget, …)
-        raise ConfigError(f"--policy {args.policy}: {one_line(err)}") from err
+        raise ConfigError(f"--policy {spec.policy_name}: {one_line(err)}") from err
     budgets = session.cache.budgets
     if budgets:
-        turn = adapter.describe().visual_tokens + len(adapter.text_ids("".join(adapter.clip_text(1, 0.0)))[0])
-        ask = len(adapter.text_ids(adapter.question_text("what is the color of the shape?"))[0])
-        if min(budgets) < turn + ask:
+        need = adapter.turn_tokens() + adapter.question_tokens(SAMPLE_QUESTION)
+        if min(budgets) < need:
             raise UsageError(f"budget of {min(budgets)} tokens per layer cannot hold one clip turn and a question "
-                             f"({turn + ask} tokens): raise --budget")
-        check_context(max(budgets), turn + ask + args.max_new_tokens, adapter.describe().context_length)
+                             f"({need} tokens): raise --budget")
+        check_context(max(budgets), need + args.max_new_tokens, adapter.describe().context_length)
     return session
 
 
@@ -204,24 +223,19 @@ def _run(args, out) -> int:
         qs, use_stdin = questions_from(args, duration * args.loop if duration else None)
         check_times(qs, duration * args.loop if duration else None)
 
-    from inf_mllm import POLICIES
-    from inf_mllm.recall import parse_policy
-    from models import ADAPTERS, load_adapter
+    spec = policy_spec(args, folder)
+    args.policy = spec.name  # what a session folder records (+recall included)
+    # torch and transformers load here, once everything the user gave is known to be good
+    from models import ADAPTERS, load_adapter  # lazy: torch and transformers load only once input is good
 
-    from .engine import TurnEngine
+    from .engine import TurnEngine  # lazy: imports torch
 
-    try:
-        base, _ = parse_policy(args.policy)
-    except ValueError as err:
-        raise UsageError(f"--policy {args.policy}: {err}") from err
-    if base.split("+")[0] not in POLICIES:  # base may name an allocator and a reducer: inf_mllm+vl_cache_budgets+merge
-        raise UsageError(f"unknown policy {base!r}; available: {', '.join(POLICIES)} (each may end in +recall)")
     if name not in ADAPTERS:
         raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
     check_device(args.device)
     print(f"stream-qa: {video or args.url or f'webcam {args.webcam}'}; loading {name}…", file=sys.stderr)
     adapter = load_adapter(name, path[0] if path else None, device=args.device)
-    session = load_session(args, adapter, folder)
+    session = load_session(args, spec, adapter, folder)
     resume_at = (0, 0.0)
     if folder is not None and args.resume:
         resume_at = folder.resume_point(session.store)
@@ -279,8 +293,6 @@ def soak_plan(args) -> tuple[int | None, float | None] | None:
     """--soak: (rounds, seconds), checked before torch loads; None without --soak."""
     if args.soak is None:
         return None
-    from .soak import parse_soak
-
     if args.ask or args.questions:
         raise UsageError("--soak asks --question every --every of video; --ask and --questions do not apply")
     if not (args.soak_sample >= 0 and args.soak_sample < float("inf")):
@@ -291,9 +303,6 @@ def soak_plan(args) -> tuple[int | None, float | None] | None:
 
 def soak_schedule(args):
     """A question every --every of video (default every 10 clips), generated as the video runs."""
-    from .questions import parse_time
-    from .soak import QUESTION, EveryKRounds
-
     step = parse_time(args.every) if args.every else 10 * args.clip_seconds
     if not step > 0:
         raise UsageError(f"--every must be a positive time, got {args.every!r}")
@@ -303,12 +312,6 @@ def soak_schedule(args):
 def run_soak_cli(args, soak, engine, session, source, schedule, on_answer, on_token, out) -> int:
     """The soak under `stream-qa`: answers as usual on stdout, a progress bar on stderr, samples in
     --soak-log, then the verdict (text, or one JSON object with --json)."""
-    from argparse import Namespace
-
-    from tqdm import tqdm
-
-    from .soak import describe, run_soak, verdict
-
     rounds, seconds = soak
     bar = tqdm(total=rounds, unit="round", desc="soak", file=sys.stderr, disable=None,
                postfix={"kv": session.kv_tokens})

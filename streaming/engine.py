@@ -26,8 +26,9 @@ import numpy as np
 import psutil
 import torch
 
+from .clips import clip_end, grouped
 from .errors import is_user_error
-from .questions import Question, Schedule, references
+from .questions import SAMPLE_QUESTION, Question, Schedule, references
 
 
 @dataclass
@@ -63,7 +64,6 @@ class Telemetry:
     ingest_s: float = 0.0  # wall time the ingest thread spent decoding and encoding
     failed: int = 0  # clip turns dropped because their prefill raised
     oom_retries: int = 0  # prefills retried after an out-of-memory error, with a tighter budget
-    started: float = field(default_factory=time.perf_counter)
 
     @property
     def ingest_speed(self) -> float:
@@ -113,25 +113,16 @@ class TurnEngine:
     # --- ingest thread --------------------------------------------------------------------------
 
     def _ingest(self, source) -> None:
-        frames, times = [], []
         index, skip_before = self.resume_at
-        t0 = self._clock(source)
+        self._t0 = self._clock(source)
         frames_in = iter(source)
         try:
-            for frame in frames_in:
+            for frames, times in grouped(self._frames(frames_in, skip_before, source), self.clip_seconds):
                 if self.stop.is_set():
                     return
-                if frame.t < skip_before:  # resumed: these clips are in the session already
-                    t0 = self._clock(source)
-                    continue
-                if frames and frame.t - times[0] >= self.clip_seconds:
-                    index += 1
-                    self._emit(index, frames, times, t0, source)
-                    frames, times, t0 = [], [], self._clock(source)
-                frames.append(frame.rgb)
-                times.append(frame.t)
-            if frames and not self.stop.is_set():
-                self._emit(index + 1, frames, times, t0, source)
+                index += 1
+                self._emit(index, frames, times, self._t0, source)
+                self._t0 = self._clock(source)
         except BaseException as err:  # handed to the model thread, which reports it
             self.error = err
         finally:
@@ -139,6 +130,16 @@ class TurnEngine:
             if close:  # a generator source releases its file or camera now, not at garbage collection
                 close()
             self._put(_END, force=True)
+
+    def _frames(self, frames_in, skip_before: float, source):
+        """The source's frames until stopped; those before a resume point are in the session already."""
+        for frame in frames_in:
+            if self.stop.is_set():
+                return
+            if frame.t < skip_before:
+                self._t0 = self._clock(source)
+                continue
+            yield frame
 
     @staticmethod
     def _clock(source) -> float:
@@ -148,8 +149,7 @@ class TurnEngine:
     def _emit(self, index: int, frames, times, t0: float, source) -> None:
         with torch.inference_mode():
             visual = self.adapter.encode(np.stack(frames), times)
-        step = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else self.clip_seconds
-        end = times[-1] + step  # the last frame stands for one sampling interval
+        end = clip_end(times, self.clip_seconds)
         spent = self._clock(source) - t0
         self.telemetry.ingest_s += spent
         self.telemetry.video_s += end - times[0]
@@ -248,8 +248,8 @@ class TurnEngine:
             return "; out of memory: " + ("a full cache cannot shrink" if old is None else
                                           f"{tried} tighter budgets did not help" if tried else
                                           "the budget is at its floor")
-        cache.budgets = new
-        self._shrink()
+        with torch.inference_mode():
+            cache.shrink(new)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         self.telemetry.oom_retries += 1
@@ -260,23 +260,9 @@ class TurnEngine:
     def min_budget(self) -> int:
         """The smallest budget that still holds one clip turn and a question, and that the policy accepts."""
         if self._min_budget is None:
-            a = self.adapter
-            turn = a.describe().visual_tokens + len(a.text_ids("".join(a.clip_text(1, 0.0)))[0])
-            ask = len(a.text_ids(a.question_text("what is the color of the shape?"))[0])
-            policy = self.session.cache.policy
-            self._min_budget = max(turn + ask, policy.min_budget() + 1)
+            turn_and_question = self.adapter.turn_tokens() + self.adapter.question_tokens(SAMPLE_QUESTION)
+            self._min_budget = max(turn_and_question, self.session.cache.policy.min_budget() + 1)
         return self._min_budget
-
-    def _shrink(self) -> None:
-        """Evict down to the tightened budgets now. The failed turn's scores were rolled back with it, so a
-        policy that needs scores it no longer has keeps the attention sinks and the most recent tokens."""
-        from inf_mllm.policies import make_policy
-
-        cache = self.session.cache
-        # window scores are cleared at each eviction and stale once answer tokens came in
-        fresh = all(layer.can_select(cache.policy) for layer in cache.layers if layer.is_initialized)
-        with torch.inference_mode():
-            cache.evict(None if fresh else make_policy("streaming_llm"))
 
     def _ask(self, question: Question, extra: dict):
         """The question's prefill, retried with a tighter budget after an out-of-memory error."""

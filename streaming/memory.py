@@ -10,6 +10,8 @@ rest for everything else; the margins are per device kind because an out-of-memo
 takes the whole device's workload with it, while a discrete GPU's memory is the GPU's alone.
 """
 
+import ctypes
+import ctypes.util
 import functools
 import os
 import re
@@ -17,6 +19,10 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import psutil
+
+from inf_mllm.budget import KVShape
+
+from .errors import ConfigError
 
 MB = 2**20
 GIB = 2**30
@@ -50,7 +56,7 @@ def read_meminfo(path: str = "/proc/meminfo") -> dict[str, int]:
 def _torch():
     """torch if it is already imported or importable; probes never fail for want of it."""
     try:
-        import torch
+        import torch  # lazy: the CPU probe and `stream-qa`'s early checks run before (or without) torch
 
         return torch
     except ImportError:
@@ -71,7 +77,7 @@ def device_kind(device: str | None = "cpu") -> str:
 def _nvml(index: int) -> dict:
     """Device memory from NVML (x86 CUDA); {} where nvidia-ml-py is not installed or NVML fails."""
     try:
-        import pynvml
+        import pynvml  # optional: nvidia-ml-py is there only on CUDA machines that installed it
     except ImportError:
         return {}
     try:
@@ -174,20 +180,14 @@ def auto_budget_for(adapter, max_new_tokens: int = 16, device: str | None = None
 
     The app and `stream-qa` share this; call it once the model is loaded so its weights are not
     counted as free."""
-    import torch
-
-    from inf_mllm import KVShape
-
     model = adapter.model
-    shape = KVShape.from_config(model.config, torch.finfo(model.dtype).bits // 8)
+    shape = KVShape.from_config(model.config, model.dtype.itemsize)
     info = adapter.describe()
-    turn = info.visual_tokens + len(adapter.text_ids("".join(adapter.clip_text(1, 0.0)))[0])
+    turn = adapter.turn_tokens()
     auto = auto_budget(sample, device if device is not None else str(adapter.device))
     per_token = shape.bytes_per_token_layer * shape.num_layers
     tokens = budget_tokens(auto, per_token, info.context_length, turn + 64 + max_new_tokens)
     if tokens < turn + 64:
-        from .errors import ConfigError
-
         raise ConfigError(f"--budget auto: {auto.free_bytes / MB:.0f} MB free on {auto.kind} leaves no room for a KV "
                           f"cache after the {auto.reserve_bytes / MB:.0f} MB reserve; free memory or give --budget")
     return tokens, auto
@@ -195,9 +195,6 @@ def auto_budget_for(adapter, max_new_tokens: int = 16, device: str | None = None
 
 @functools.cache
 def _libc():
-    import ctypes
-    import ctypes.util
-
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:

@@ -11,6 +11,9 @@ from pathlib import Path
 
 from .errors import UserError
 
+# a typical question: what a budget must hold besides a clip turn is sized with it
+SAMPLE_QUESTION = "what is the color of the shape?"
+
 _NUM = r"(\d+(?:\.\d+)?)"
 MAX_QUESTION_CHARS = 2000  # ~500 tokens: a question's prefill stays well under a second on a CPU
 _TIME = re.compile(rf"^(?:(\d+):)?(?:(\d+):)?{_NUM}$|^(?:{_NUM}h)?(?:{_NUM}m)?(?:{_NUM}s)?$")

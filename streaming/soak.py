@@ -16,9 +16,10 @@ import numpy as np
 
 from .errors import ConfigError
 from .memory import MB, probe
+from .questions import SAMPLE_QUESTION, Question, QuestionError, parse_time
 
 GOAL_SLOPE_MB_PER_ROUND = 0.01
-QUESTION = "what is the color of the shape?"
+QUESTION = SAMPLE_QUESTION
 
 
 class CapReached(Exception):
@@ -30,8 +31,6 @@ class EveryKRounds:
     generated as the video runs, so an open-ended soak holds no list of future questions."""
 
     def __init__(self, k: int, clip_seconds: float, text: str = QUESTION):
-        from .questions import Question
-
         self.k, self.text, self.released = k, text, 0
         self.step = self.next_t = k * clip_seconds
         self.question = lambda: Question(text, None)
@@ -50,8 +49,6 @@ class EveryKRounds:
 
 def parse_soak(text: str) -> tuple[int | None, float | None]:
     """`--soak 10000` is a number of rounds; `--soak 2h` (or 30m, 90s, 1:30:00) a wall-clock time."""
-    from .questions import QuestionError, parse_time
-
     text = str(text).strip()
     if text.isdigit():
         if int(text) < 2:
@@ -88,17 +85,12 @@ def linear_fit(x, y) -> dict:
     resid = y - (slope * x + intercept)
     se = math.sqrt(float(resid @ resid) / (n - 2) / float(((x - x.mean()) ** 2).sum()))
     try:
-        from scipy.stats import t as student_t
+        from scipy.stats import t as student_t  # optional (the data extra); a normal quantile stands in
 
         q = float(student_t.ppf(0.975, n - 2))
     except ImportError:
         q = 1.96
     return {"slope": float(slope), "ci95": q * se, "n": n}
-
-
-def turn_tokens(adapter) -> int:
-    """Tokens one clip turn adds (visual tokens and the turn's text)."""
-    return adapter.describe().visual_tokens + len(adapter.text_ids("".join(adapter.clip_text(1, 0.0)))[0])
 
 
 def run_soak(engine, session, source, schedule, log, *, rounds: int | None, duration_s: float | None,
@@ -165,8 +157,8 @@ def run_soak(engine, session, source, schedule, log, *, rounds: int | None, dura
             "oom_events": ([oom_event] if oom_event else [])
             + ([f"kernel oom_kill count +{oom_after - oom_before}"] if oom_before is not None
                and oom_after is not None and oom_after > oom_before else []),
-            "turn_tokens": turn_tokens(adapter), "question_tokens": len(adapter.text_ids(
-                adapter.question_text(getattr(schedule, "text", QUESTION)))[0])}
+            "turn_tokens": adapter.turn_tokens(),
+            "question_tokens": adapter.question_tokens(getattr(schedule, "text", QUESTION))}
 
 
 def verdict(run: dict, args) -> dict:

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import cv2
 import numpy as np
 
 from .errors import UserError
@@ -55,7 +56,7 @@ def quiet_native_logs():
 
 
 def _import_decord():
-    import decord
+    import decord  # optional (the video extra): OpenCV reads files where it is missing
 
     decord.logging.set_level(decord.logging.QUIET)  # its ffmpeg: no log lines on corrupt frames
     return decord
@@ -146,8 +147,6 @@ class FileSource:
                     if cv_count is None or cv_count <= count:
                         self._decord = reader
                         return fps, count
-            import cv2
-
             cap = cv2.VideoCapture(str(self.path))
             opened = cap.isOpened() and cap.grab()
             fps, count = cap.get(cv2.CAP_PROP_FPS), cap.get(cv2.CAP_PROP_FRAME_COUNT)
@@ -186,8 +185,6 @@ class FileSource:
                     continue
                 yield i, rgb
             return
-        import cv2
-
         cap = cv2.VideoCapture(str(self.path))
         wanted, i = iter(indices), 0
         target = next(wanted, None)
@@ -230,8 +227,6 @@ def _native_fps(fps) -> float:
 
 def _opencv_count(path: Path) -> int | None:
     """OpenCV's frame count from the container, None where it gives none."""
-    import cv2
-
     cap = cv2.VideoCapture(str(path))
     count = cap.get(cv2.CAP_PROP_FRAME_COUNT) if cap.isOpened() else -1
     cap.release()
@@ -249,8 +244,6 @@ class CaptureSource:
     live = True  # a camera cannot wait for the model: the engine drops clips it has no room for
 
     def __init__(self, target: int | str, fps: float = 1.0, max_seconds: float | None = None, realtime: bool = True):
-        import cv2
-
         self.target, self.fps, self.max_seconds, self.realtime = target, fps, max_seconds, realtime
         self.waited_s = 0.0  # time spent waiting for the video clock (a served file)
         what = f"webcam {target} (/dev/video{target})" if isinstance(target, int) else f"stream {target}"
@@ -287,8 +280,6 @@ class CaptureSource:
         return t
 
     def __iter__(self) -> Iterator[Frame]:
-        import cv2
-
         start, next_t, t = time.monotonic(), 0.0, 0.0
         try:
             while self.max_seconds is None or next_t < self.max_seconds:

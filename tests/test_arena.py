@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import arena as arena_mod
-from benchmarks.arena import Scale, arena, best_at, fractions
+from benchmarks.arena import Scale, arena
+from benchmarks.arena_scores import QUALITY, best_at, fractions
 from benchmarks.common import fraction_of_full, record
 from benchmarks.report import arena_section, write_readme
 
@@ -33,7 +34,7 @@ def test_fractions_read_each_policy_against_the_full_cache_on_the_same_questions
 
 def test_best_configuration_is_the_one_whose_worst_goal_benchmark_is_highest():
     def of_full(policy, benchmark, value, budget=64):
-        return record(benchmark, policy, budget, "of_full", value, arena_mod.QUALITY[benchmark][1])
+        return record(benchmark, policy, budget, "of_full", value, QUALITY[benchmark][1])
 
     records = [of_full("a", "retrieval", 0.99), of_full("a", "video_qa", 0.80),
                of_full("b", "retrieval", 0.90), of_full("b", "video_qa", 0.91), of_full("b", "stream_ppl", 0.5),
@@ -75,7 +76,7 @@ def test_an_interrupted_run_keeps_what_it_finished_and_resumes_from_there(tmp_pa
     assert {(r["policy"], r["metric"]) for r in kept} == {("full", "ppl"), ("full", "round_ms"), ("window", "ppl"),
                                                           ("window", "round_ms"), ("window", "of_full")}
     assert [c[:2] for c in calls] == [("full", None), ("window", 64), ("streaming_llm", 64)]
-    assert calls[2][2] == {"sinks": 4}
+    assert calls[2][2] == {}  # streaming_llm's defaults (4 sinks)
 
     fake.interrupt_at = None
     calls.clear()

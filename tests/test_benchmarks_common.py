@@ -1,5 +1,6 @@
 """The benchmark harness (benchmarks/common.py) against hand-computed cases."""
 
+import dataclasses
 import math
 from types import SimpleNamespace
 
@@ -11,6 +12,7 @@ from benchmarks.common import (
     RoundTimer,
     clip_to_context,
     config_for,
+    default_window,
     evict_share,
     fraction_of_full,
     plans,
@@ -18,6 +20,7 @@ from benchmarks.common import (
     policy_names,
     tokens_per_s,
 )
+from inf_mllm.policies import make_policy
 
 
 def test_plans_run_the_full_cache_once_clipped_at_the_context_then_each_policy_per_budget():
@@ -26,8 +29,8 @@ def test_plans_run_the_full_cache_once_clipped_at_the_context_then_each_policy_p
         ("full", None, 2048), ("window", 128, 4096), ("inf_mllm", 128, 4096), ("window", 512, 4096),
         ("inf_mllm", 512, 4096)]
     assert got[0].cfg == {} and got[1].cfg == {}
-    assert got[2].cfg == {"window": 32, "bias": 0.01}  # window capped at a quarter of the budget
-    assert got[4].cfg == {"window": 64, "bias": 0.01}
+    assert got[2].cfg == {"window": 32}  # window capped at a quarter of the budget
+    assert got[4].cfg == {}  # the defaults (window 64 fits)
     assert [p.policy for p in plans(["window", "inf_mllm"], [128])] == ["window", "inf_mllm"]  # no full asked
     assert [p.policy for p in plans(["full", "window"], [128], full=False)] == ["window"]
     assert plans(["full"], [128])[0].length is None  # no length: nothing to clip
@@ -93,17 +96,38 @@ def test_policy_list_comes_from_the_registry():
     assert policy_names(["inf_mllm", "full", "inf_mllm+typo"]) == ["full", "inf_mllm", "inf_mllm+typo"]
 
 
+def _built(policy: str, cfg: dict) -> tuple:
+    """What a policy string with these options really runs: every field of its scorer and allocator."""
+    built = make_policy(policy.split("+recall")[0], **cfg)
+    return dataclasses.asdict(built), dataclasses.asdict(built.allocator), built.reducer
+
+
 def test_existing_configurations_are_unchanged():
-    """The committed results were made with these options; the harness must keep giving them."""
+    """The committed results were made with these options, written out until the table kept only what
+    differs from the defaults (none did); the policies built from the harness's options must be the same."""
     old = {"full": {}, "window": {}, "streaming_llm": {"sinks": 4}, "h2o": {"recent_ratio": 0.5},
            "inf_mllm": {"window": 64, "bias": 0.01}, "inf_mllm_plus": {"window": 64, "bias": 1.0}}
-    got = policy_configs(list(old), budget=1024)
-    assert got == old and list(got) == list(old)
-    assert policy_configs(["inf_mllm"], budget=128) == {"inf_mllm": {"window": 32, "bias": 0.01}}
-    recall = policy_configs(["inf_mllm+recall_oracle"], budget=512, recall=True)
-    assert recall == {"inf_mllm+recall_oracle": {"window": 64, "bias": 0.01}}
-    assert config_for("inf_mllm+vl_cache_budgets+merge", 256) == {"window": 64, "bias": 0.01}  # the scorer's
-    assert config_for("streaming_llm", 64) == {"sinks": 4}
+    for budget in (128, 256, 1024):
+        got = policy_configs(None, budget, recall=True)
+        for policy, cfg in got.items():
+            before = dict(old.get(policy, old.get(policy.partition("+")[0], {})))
+            if "window" in before:  # the old cap, on the policies that had a window in the table
+                before["window"] = min(before["window"], budget // 4)
+            if policy.partition("+")[0] not in ("snapkv", "vl_cache") or budget >= 256:  # below: the new cap
+                assert _built(policy, cfg) == _built(policy, before), (policy, budget)
+    assert config_for("inf_mllm", 128) == {"window": 32} and config_for("inf_mllm+recall_oracle", 512) == {}
+
+
+def test_the_window_cap_applies_to_every_policy_with_a_window():
+    """A quarter of the budget at most, whether the window is the policy's default or set; policies without
+    a window get none."""
+    assert config_for("vl_cache", 128) == {"window": 32} and config_for("vl_cache+merge", 256) == {}
+    assert config_for("snapkv", 64) == {"window": 16} and config_for("snapkv+vl_cache_budgets", 128) == {}
+    assert config_for("inf_mllm_plus", 100) == {"window": 25}
+    assert config_for("h2o", 16) == {} and config_for("streaming_llm", 8) == {} and config_for("full", 8) == {}
+    assert config_for("inf_mllm", None) == {} and config_for("not_a_policy", 8) == {}
+    assert default_window("snapkv") == 32 and default_window("inf_mllm+recall") == 64
+    assert default_window("elastic") is None
 
 
 def test_plot_draws_marks_for_a_summary_metric(tmp_path):
@@ -129,8 +153,8 @@ def test_video_qa_tables_are_read_from_its_records(tmp_path):
         rows = [{"round": k, "ok": ok(k), "back": 0 if k % 2 else 10, "ttft_s": 0.1 * k, "kv_mb": 1.0 + k,
                  "rss_mb": 100.0 + k, "evicted": evicted and k % 2 == 0, "recalled": k % 4 == 0}
                 for k in range(1, (oom or rounds + 1))]
-        tele = SimpleNamespace(ingest_s=1.0, ingest_speed=4.0, store_bytes=None, video_s=2.0 * rounds)
-        return rows, oom, tele
+        tele = SimpleNamespace(ingest_s=1.0, ingest_speed=4.0, video_s=2.0 * rounds)
+        return rows, oom, tele, None
 
     records = []
     for policy, evicted, oom in (("inf_mllm", False, None), ("full_capped", False, 12),

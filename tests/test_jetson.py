@@ -17,7 +17,7 @@ from argparse import Namespace
 import numpy as np
 import pytest
 
-from jetson.soak import records, soak_one
+from jetson.soak import policy_options, records, soak_one
 from jetson.tegrastats import Tegrastats, parse_nvpmodel, parse_tegrastats
 from streaming.memory import MARGINS, MB, MemorySample, auto_budget, budget_tokens, parse_meminfo, probe
 from streaming.soak import EveryKRounds, linear_fit, verdict
@@ -221,6 +221,17 @@ def test_soak_stays_within_budget_and_keeps_every_sample(vlm, tmp_path):
     assert len(slope) == 1 and slope[0]["x"] == 24
 
 
+def test_soak_policy_options_come_from_its_own_arguments():
+    """The soak's options are its `--window`/`--bias`; without a window a window policy keeps its default, held
+    to a quarter of a token budget (inf_mllm's 64 at budget 64 would be the whole cache)."""
+    assert policy_options("inf_mllm", 512) == {}  # window 64 fits: the policy's own defaults
+    assert policy_options("inf_mllm", 64) == {"window": 16}
+    assert policy_options("inf_mllm+recall", 128) == {"window": 32}
+    assert policy_options("snapkv", 64) == {"window": 16}
+    assert policy_options("inf_mllm", "64MB") == {} and policy_options("streaming_llm", 64) == {}
+    assert policy_options("inf_mllm", 64, window=40, bias=0.5) == {"window": 40, "bias": 0.5}
+
+
 def test_soak_killed_mid_run_keeps_whole_lines(tmp_path):
     """`kill -9` mid-soak: the JSON-lines record is whole up to the last sample."""
     from jetson.reliability import write_video
@@ -243,7 +254,9 @@ def test_soak_bad_arguments_are_one_line(tmp_path):
     for argv, message in ((["--rounds", "10", "--duration", "1h"], "exactly one of"),
                           (["--rounds", "10", "--sample-s", "nan"], "--sample-s must be"),
                           (["--duration", "soon"], "cannot read 'soon'"),
-                          ([str(tmp_path / "none.mp4"), "--rounds", "10"], "no such video file")):
+                          ([str(tmp_path / "none.mp4"), "--rounds", "10"], "no such video file"),
+                          (["--rounds", "10", "--window", "0"], "--window must be"),
+                          (["--rounds", "10", "--bias", "nan"], "--bias must be")):
         out = subprocess.run([sys.executable, "-m", "jetson", "soak", *argv, "--out", str(tmp_path)],
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr

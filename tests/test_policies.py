@@ -1,9 +1,7 @@
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import ClassVar
 
 import numpy as np
 import policy_cases
@@ -13,18 +11,11 @@ import torch
 from inf_mllm import POLICIES, make_policy
 from inf_mllm.calibrate import save
 from inf_mllm.observers import PostVisionObserver, threshold_sparsity
-from inf_mllm.policies import (
-    COMBINATIONS,
-    LayerView,
-    Policy,
-    pooled,
-    priority_curve,
-    register,
-    resample_curve,
-    search_retention,
-)
-from inf_mllm.recall import parse_policy
+from inf_mllm.policies import COMBINATIONS, LayerView
+from inf_mllm.policies.base import pooled
+from inf_mllm.policies.priority import priority_curve, resample_curve, search_retention
 from inf_mllm.rope import rerotate
+from inf_mllm.spec import ALLOCATORS, SCORERS, PolicySpec, Recall
 
 
 def algorithm1_numpy(W, l, r, b):
@@ -143,15 +134,12 @@ def test_inf_mllm_plus_keeps_sinks_recent_and_each_kv_heads_own_best():
 # --- the protocol ------------------------------------------------------------------------------------
 
 
-def test_register_refuses_a_duplicate_name():
-    with pytest.raises(ValueError, match="registered already"):
-        @register
-        @dataclass
-        class Again(Policy):
-            name: ClassVar[str] = "window"
+def test_the_catalogue_names_each_class_by_its_own_name():
+    """The spec's catalogue is the one list of names: each entry's class carries the name it is listed under."""
+    from inf_mllm.policies import ALLOCATORS as allocator_classes
 
-            def select(self, view, budget):
-                return None
+    assert [cls.name for cls in POLICIES.values()] == list(SCORERS)
+    assert [cls.name for cls in allocator_classes.values()] == list(ALLOCATORS)
     assert POLICIES["window"].__name__ == "Window"
 
 
@@ -171,10 +159,40 @@ def test_policy_strings_compose_scorer_allocator_and_reducer():
     for bad in ("inf_mllm+merge+vl_cache_budgets", "inf_mllm+blend", "inf_mllm+merge+merge"):
         with pytest.raises(ValueError, match="unknown or misplaced"):
             make_policy(bad)
-    assert parse_policy("inf_mllm+vl_cache_budgets+merge+recall")[0] == "inf_mllm+vl_cache_budgets+merge"
-    assert parse_policy("inf_mllm+recall") == ("inf_mllm", parse_policy("inf_mllm+recall")[1])
-    with pytest.raises(ValueError, match="unknown policy suffix"):
-        parse_policy("inf_mllm+recal")
+    spec = PolicySpec.parse("inf_mllm+vl_cache_budgets+merge+recall")
+    assert (spec.policy_name, spec.name, spec.recall) == ("inf_mllm+vl_cache_budgets+merge", spec.name, Recall())
+    assert spec.name == "inf_mllm+vl_cache_budgets+merge+recall"
+    assert PolicySpec.parse("inf_mllm+recall_oracle").recall.mode == "oracle"
+    assert PolicySpec.parse("inf_mllm+recall_keys").recall.named is False
+    for bad in ("inf_mllm+recal", "inf_mllm+recall+merge", "inf_mllm+recall+recall"):
+        with pytest.raises(ValueError, match="unknown or misplaced"):
+            PolicySpec.parse(bad)
+
+
+def test_policy_spec_parses_without_torch():
+    """The command line checks --policy and --budget with the real grammars before torch loads."""
+    code = ("import sys; from inf_mllm.spec import PolicySpec, parse_budget; "
+            "s = PolicySpec.parse('snapkv+vl_cache_budgets+recall'); "
+            "print(s.name, parse_budget('2GiB'), parse_budget('AUTO'), parse_budget('64'), 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["snapkv+vl_cache_budgets+recall", "2GiB", "auto", "64", "False"]
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "12 tokens", "0MB", "lots", ""])
+def test_bad_budgets_are_refused_in_one_line(bad):
+    from inf_mllm.spec import parse_budget
+
+    with pytest.raises(ValueError, match="budget"):
+        parse_budget(bad)
+
+
+def test_a_spec_refuses_unknown_parts_on_construction():
+    with pytest.raises(ValueError, match="unknown policy 'lru'"):
+        PolicySpec("lru")
+    with pytest.raises(ValueError, match="unknown budget allocator"):
+        PolicySpec("inf_mllm", allocator="merge")
+    with pytest.raises(ValueError, match="unknown reducer"):
+        PolicySpec("inf_mllm", reducer="blend")
 
 
 # --- each seed method's core step on a hand-computed case --------------------------------------------

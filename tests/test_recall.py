@@ -113,7 +113,7 @@ def test_oracle_random_and_similarity_modes_choose_among_evicted_turns(smol):
 
 def test_recall_refuses_what_it_cannot_serve(smol):
     model, tok = smol
-    with pytest.raises(ValueError, match="unknown policy suffix"):
+    with pytest.raises(ValueError, match="unknown or misplaced policy part"):
         StreamSession(model, tok, "inf_mllm+recal", budget=64)
     with pytest.raises(ValueError, match="turn boundaries"):
         StreamSession(model, tok, "h2o+recall", budget=64)

@@ -1,4 +1,4 @@
-"""The reliability table (jetson/reliability.py), run in-process with one shared tiny-vlm: every bad input
+"""The reliability table (jetson/reliability/), run in-process with one shared tiny-vlm: every bad input
 ends in one clear stderr line and exit 2, every odd-but-valid input plays, faults inside the model's
 prefill (injected, out of memory simulated) cost one turn at most, and the faults of the terminal, the
 pipe and signals (SIGINT/SIGTERM mid-answer, kill -9; own processes) end cleanly with every answer kept.

@@ -83,5 +83,5 @@ class ChatUniVi(VideoAdapter):
     def describe(self) -> AdapterInfo:
         cfg = self.model.config
         per_event = merging.tokens_per_event(self.steps, self.tower.patches)
-        return AdapterInfo(self.name, per_event, "clip", str(self.model.dtype), str(self.device),
+        return AdapterInfo(self.name, per_event, str(self.model.dtype), str(self.device),
                            cfg.max_position_embeddings, cfg.hidden_size)

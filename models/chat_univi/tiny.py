@@ -40,5 +40,5 @@ class ChatUniViTiny(TinyTurns, VideoAdapter):
 
     def describe(self) -> AdapterInfo:
         cfg = self.model.config
-        return AdapterInfo(self.name, merging.tokens_per_event(STEPS, GRID * GRID), "clip", str(self.model.dtype),
+        return AdapterInfo(self.name, merging.tokens_per_event(STEPS, GRID * GRID), str(self.model.dtype),
                            str(self.device), cfg.max_position_embeddings, cfg.hidden_size)

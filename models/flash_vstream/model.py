@@ -68,5 +68,5 @@ class FlashVStream(MemoryAdapter):
 
     def describe(self) -> AdapterInfo:
         cfg = self.model.config
-        return AdapterInfo(self.name, self.memory.config.max_tokens, "clip", str(self.model.dtype), str(self.device),
+        return AdapterInfo(self.name, self.memory.config.max_tokens, str(self.model.dtype), str(self.device),
                            cfg.max_position_embeddings, cfg.hidden_size)

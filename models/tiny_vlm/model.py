@@ -206,5 +206,5 @@ class TinyVLM(TinyTurns, VideoAdapter):
 
     def describe(self) -> AdapterInfo:
         cfg = self.model.config
-        return AdapterInfo(self.name, GRID * GRID + self.max_label_tokens(), "clip", str(self.model.dtype),
+        return AdapterInfo(self.name, GRID * GRID + self.max_label_tokens(), str(self.model.dtype),
                            str(self.device), cfg.max_position_embeddings, cfg.hidden_size)

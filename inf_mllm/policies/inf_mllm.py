@@ -1,0 +1,32 @@
+"""Inf-MLLM (Ning et al. 2024), Algorithm 1: at each new prompt, the last l = window prompt queries score
+every older token (S, mean attention over all query heads), a recency bias D_j = -(c - 1 - j) b / c
+favours newer candidates, and a layer keeps the top r = budget - l of S + D plus the l window tokens,
+one index set shared by its heads."""
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .base import WindowScored
+
+
+def recency_bias(candidates: int, bias: float, device) -> torch.Tensor:
+    """D_j = -(c - 1 - j) * b / c: the oldest candidate gets about -b, the newest 0."""
+    return -torch.arange(candidates - 1, -1, -1, device=device, dtype=torch.float32) * (bias / candidates)
+
+
+@dataclass
+class InfMLLM(WindowScored):
+    name: ClassVar[str] = "inf_mllm"
+    window: int = 64
+    bias: float = 0.01
+    window_role: ClassVar[str] = "retrieval window"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.bias < 0:
+            raise ValueError(f"{self.name} bias must be >= 0, got {self.bias}")
+
+    def adjust(self, s):
+        return s + recency_bias(s.shape[-1], self.bias, s.device)

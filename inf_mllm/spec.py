@@ -1,0 +1,196 @@
+"""What a cache policy and a budget are, as plain data: parsed once at the edge, checked on construction.
+
+This module imports no torch, so `stream-qa` and the app check a user's `--policy` and `--budget` with
+the real grammars before any model loads. A policy string names three independent parts and an
+optional recall, `scorer[+allocator][+reducer][+recall…]`:
+
+    inf_mllm                          the paper's algorithm with its default allocator and reducer
+    inf_mllm+vl_cache_budgets+merge   Inf-MLLM's scores, VL-Cache's budgets, Elastic Cache's merging
+    inf_mllm+recall                   evicted turns come back from the span store when asked about
+
+The catalogue below is the one list of names; `inf_mllm.policies` imports a part's class when a spec
+is built. A budget is tokens per layer (``512``), a memory size (``512MB``, ``2GiB``) or ``auto``.
+"""
+
+import random
+import re
+from dataclasses import dataclass, field, replace
+
+# name -> "module:Class" in inf_mllm.policies, in the order `python -m inf_mllm policies` lists them
+SCORERS = {
+    "full": "full:Full",
+    "window": "window:Window",
+    "streaming_llm": "streaming_llm:StreamingLLM",
+    "h2o": "h2o:H2O",
+    "inf_mllm": "inf_mllm:InfMLLM",
+    "inf_mllm_plus": "inf_mllm_plus:InfMLLMPlus",
+    "snapkv": "snapkv:SnapKV",
+    "vl_cache": "vl_cache:VLCache",
+    "prefixkv": "prefixkv:PrefixKV",
+    "elastic": "elastic:Elastic",
+}
+ALLOCATORS = {
+    "uniform": "allocators:Uniform",
+    "prefixkv_budgets": "allocators:PrefixKVBudgets",
+    "vl_cache_budgets": "allocators:VLCacheBudgets",
+}
+REDUCERS = ("evict", "merge")
+
+# the mixes the tests run on the real model (listed by `python -m inf_mllm policies`)
+COMBINATIONS = (
+    "inf_mllm+merge",
+    "inf_mllm+vl_cache_budgets",
+    "inf_mllm+prefixkv_budgets",
+    "inf_mllm+vl_cache_budgets+merge",
+    "inf_mllm_plus+vl_cache_budgets",
+    "snapkv+vl_cache_budgets",
+    "vl_cache+merge",
+    "elastic+prefixkv_budgets",
+    "h2o+vl_cache_budgets",
+)
+
+RECALL_MODES = ("attention", "oracle", "random")
+
+
+@dataclass
+class Recall:
+    """How evicted turns come back (see recall.py). `oracle` links exactly the right span and `random` k
+    random ones: the references attention-based recall is measured against."""
+
+    mode: str = "attention"
+    k: int = 4
+    named: bool = True  # link the turns a question names (clip, time) before ranking the rest by keys
+    at: str = "end"  # where recalled spans sit: "end" (before the question) or "front" (after the sinks)
+    reps: int = 32  # representative keys per scoring layer and KV head, besides the mean key
+    layers: tuple[int, ...] | None = (5, 7)  # the layers whose keys score spans (None: every layer)
+    window: int = 64  # turn queries observed to pick representatives (policies without a window of their own)
+    resident: float = 0.5  # a span with at least this share of its tokens still cached is not recalled
+    seed: int = 0
+    rng: random.Random = field(init=False, repr=False, compare=False)  # the random mode's draws
+
+    def __post_init__(self):
+        if self.mode not in RECALL_MODES:
+            raise ValueError(f"recall mode must be one of {', '.join(RECALL_MODES)}, got {self.mode!r}")
+        if self.at not in ("end", "front"):
+            raise ValueError(f"recall placement must be 'end' or 'front', got {self.at!r}")
+        if self.k < 1 or self.reps < 1 or self.window < 1:
+            raise ValueError("recall k, reps and window must be at least 1")
+        self.rng = random.Random(self.seed)
+
+    @property
+    def kind(self) -> str:
+        """The policy suffix that names this recall."""
+        if self.mode != "attention":
+            return f"recall_{self.mode}"
+        return "recall" if self.named else "recall_keys"
+
+
+RECALL_KINDS = {"recall": {}, "recall_keys": {"named": False}, "recall_oracle": {"mode": "oracle"},
+                "recall_random": {"mode": "random"}}
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One cache policy: a scorer, an allocator and a reducer (None: the scorer's defaults), recall
+    options, and the options of the scorer and allocator (their dataclass fields, checked when built)."""
+
+    scorer: str = "inf_mllm"
+    allocator: str | None = None
+    reducer: str | None = None
+    recall: Recall | None = None
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.scorer not in SCORERS:
+            raise ValueError(f"unknown policy {self.scorer!r}; choose one of: {', '.join(SCORERS)}")
+        if self.allocator is not None and self.allocator not in ALLOCATORS:
+            raise ValueError(f"unknown budget allocator {self.allocator!r}; choose one of: {', '.join(ALLOCATORS)}")
+        if self.reducer is not None and self.reducer not in REDUCERS:
+            raise ValueError(f"unknown reducer {self.reducer!r}; choose one of: {', '.join(REDUCERS)}")
+        object.__setattr__(self, "options", dict(self.options))
+
+    @classmethod
+    def parse(cls, text: str, **options) -> "PolicySpec":
+        """'inf_mllm+vl_cache_budgets+merge+recall' -> its parts; each part is optional after the scorer,
+        in that order."""
+        scorer, *parts = str(text).strip().split("+")
+        if scorer not in SCORERS:
+            raise ValueError(f"unknown policy {scorer!r}; choose one of: {', '.join(SCORERS)} "
+                             "(a combination: python -m inf_mllm policies; each may end in +recall)")
+        allocator = reducer = recall = None
+        for part in parts:
+            if part in ALLOCATORS and allocator is reducer is recall is None:
+                allocator = part
+            elif part in REDUCERS and reducer is recall is None:
+                reducer = part
+            elif part in RECALL_KINDS and recall is None:
+                recall = Recall(**RECALL_KINDS[part])
+            else:
+                raise ValueError(f"unknown or misplaced policy part {'+' + part!r} in {text!r}: write "
+                                 "<scorer>[+<allocator>][+<reducer>][+<recall>] with allocators "
+                                 f"{', '.join(ALLOCATORS)}, reducers {', '.join(REDUCERS)} and recall "
+                                 f"{', '.join(RECALL_KINDS)}")
+        return cls(scorer, allocator, reducer, recall, options)
+
+    @property
+    def policy_name(self) -> str:
+        """The cache policy's name: the parts given, without recall ('inf_mllm+merge')."""
+        return "+".join(p for p in (self.scorer, self.allocator, self.reducer) if p)
+
+    @property
+    def name(self) -> str:
+        """The whole spec as a policy string (options aside)."""
+        return self.policy_name + (f"+{self.recall.kind}" if self.recall else "")
+
+    @property
+    def bounded(self) -> bool:
+        return self.scorer != "full"
+
+    def with_options(self, **options) -> "PolicySpec":
+        return replace(self, options={**self.options, **options}) if options else self
+
+    def with_recall(self, recall: Recall | None) -> "PolicySpec":
+        return replace(self, recall=recall)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def as_spec(policy: "PolicySpec | str", **options) -> PolicySpec:
+    """A spec from a spec or a policy string (the same parser), with `options` added."""
+    spec = policy if isinstance(policy, PolicySpec) else PolicySpec.parse(policy)
+    return spec.with_options(**options)
+
+
+# --- budgets -----------------------------------------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([kmg]i?b|b)\s*")
+
+
+def parse_bytes(text: str) -> int:
+    m = _SIZE.fullmatch(text.lower())
+    if not m:
+        raise ValueError(f"cannot read a memory size from {text!r}: use e.g. 512MB or 2GiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def parse_budget(value) -> "int | str | None":
+    """A user's budget: tokens per layer (int), a memory size (its text, e.g. '512MB') or 'auto'; None
+    (no budget) stays None. Anything else is a ValueError with one line saying what to write."""
+    if value is None or isinstance(value, int) and not isinstance(value, bool):
+        if value is not None and value < 1:
+            raise ValueError(f"a budget must be at least 1 token, got {value}")
+        return value
+    text = str(value).strip()
+    if text.lower() == "auto":
+        return "auto"
+    if text.isdigit():
+        return parse_budget(int(text))
+    try:
+        size = parse_bytes(text)
+    except ValueError:
+        size = 0
+    if size <= 0:
+        raise ValueError(f"budget {text!r}: give tokens per layer (512), a memory size (512MB, 2GiB) or auto")
+    return text
