@@ -206,10 +206,11 @@ def test_a_crash_at_any_write_loses_no_answer_and_no_stored_clip(tmp_path, capsy
     inject(tmp_path, SHORT, capsys, monkeypatch, descriptors, ("crash",))
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_each_kind_of_write_keeps_the_answers_coming(tmp_path, capsys, monkeypatch, shared_model,
                                                                       descriptors):
     """ENOSPC from the first write of each file on (lock, settings, span file, index, transcript); every point in
-    the slow variant."""
+    the longer variant. Slow: the fast suite has ENOSPC and EROFS per file in tests/test_session_dir.py."""
     inject(tmp_path, SHORT, capsys, monkeypatch, descriptors, ("enospc",), every=False)
 
 
