@@ -12,6 +12,7 @@ a caller was told is written survives a crash of the process, and a failed appen
 file instead of leaving half a record for the next writer to append onto.
 """
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -118,7 +119,9 @@ class AppendLog:
             os.close(self.fd)
             self.fd = None
 
-    __del__ = close  # a log dropped without close() (an error on the way) does not keep its descriptor
+    def __del__(self):  # a log dropped without close() (an error on the way) does not keep its descriptor
+        with contextlib.suppress(Exception):
+            self.close()
 
 
 class FolderBusy(RuntimeError):
@@ -173,7 +176,9 @@ class FolderLock:
             os.close(self.fd)  # releases the flock; the file stays (removing it would race a new holder)
             self.fd = None
 
-    __del__ = release  # a holder dropped without release() (an error on the way) frees the folder
+    def __del__(self):  # a holder dropped without release() (an error on the way) frees the folder
+        with contextlib.suppress(Exception):
+            self.release()
 
 
 def _read_pid(fd: int) -> int | None:
