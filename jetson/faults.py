@@ -94,6 +94,9 @@ def main(argv=None) -> int:
         return 2
     head, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     kind, at, times = head[0], int(head[1]), int(head[2]) if len(head) == 3 else 1
+    if kind in DISK_KINDS:  # the disk is faulty from the start: the session folder is opened before the model loads
+        with disk_fault(DISK_KINDS[kind], at):
+            return stream_qa(rest)
     import models  # loads torch: only once the usage is right
 
     real = models.load_adapter
