@@ -30,17 +30,27 @@ def test_dpc_knn_matches_the_hand_computed_case():
     assert torch.allclose(found.delta[0], torch.tensor([4, 244, 181, 1, 1, 4]).div(2).sqrt())
     assert found.centers.tolist() == [[1, 2]]  # the two corners, A's first (higher density × delta)
     assert found.labels.tolist() == [[1, 0, 1, 0, 0, 1]]
-    merged = merging.merge(POINTS[None], found.labels, 2)
-    assert torch.equal(merged[0], torch.tensor([[1 / 3, 1 / 3], [32 / 3, 32 / 3]]))
+    sums = torch.tensor([[1.0, 1.0], [32.0, 32.0]])
+    assert torch.equal(merging.merge(POINTS[None], found.labels, 2, eps=0)[0], sums / 3)  # our exact variant
+    merged = merging.merge(POINTS[None], found.labels, 2)  # Chat-UniVi's: each token / (count + 1e-6), summed
+    assert torch.allclose(merged[0], sums / (3 + 1e-6), rtol=0, atol=1e-6) and merged[0, 1, 0] < 32 / 3
 
 
 def test_merge_is_a_weighted_mean_and_ties_are_deterministic():
     x = torch.tensor([[[0.0, 0], [4, 8], [1, 1]]])
     labels = torch.tensor([[0, 0, 1]])
-    merged = merging.merge(x, labels, 2, weight=torch.tensor([[3.0, 1, 5]]))
+    merged = merging.merge(x, labels, 2, weight=torch.tensor([[3.0, 1, 5]]), eps=0)
     assert torch.equal(merged, torch.tensor([[[1.0, 2], [1, 1]]]))
-    same = torch.zeros(1, 5, 3)  # all densities tie: the earliest token is the peak, every run
-    assert merging.dpc_knn(same, 1, 2).centers.tolist() == [[0]]
+    same = torch.zeros(1, 5, 3)  # all densities tie: with ties="index" the earliest token is the peak, every run
+    assert merging.dpc_knn(same, 1, 2, ties="index").centers.tolist() == [[0]]
+    # Chat-UniVi's way (default): 1e-6 noise decides; the same seed gives the same peak, as torch.manual_seed does
+    square = torch.tensor([[[0.0, 0], [0, 1], [1, 0], [1, 1]]])  # every density ties
+    peaks = [merging.dpc_knn(square, 1, 2, generator=torch.Generator().manual_seed(s)).centers.item() for s in range(8)]
+    assert len(set(peaks)) > 1
+    torch.manual_seed(3)
+    assert merging.dpc_knn(square, 1, 2).centers.item() == peaks[3]
+    with pytest.raises(ValueError, match="ties"):
+        merging.dpc_knn(same, 1, 2, ties="random")
 
 
 def test_chat_univi_step_rules():

@@ -58,7 +58,10 @@ class FlashVStream(MemoryAdapter):
     # </s>, which the session carries into the next turn: "...</s>USER: ...", vicuna_v1's multi-turn form.
 
     def system_text(self) -> str:
-        return f"{self.tokenizer.bos_token or ''}{SYSTEM}"
+        return SYSTEM
+
+    def system_ids(self) -> torch.Tensor:
+        return self.bos_then(SYSTEM)
 
     def clip_text(self, index: int, start_s: float = 0.0) -> tuple[str, str]:
         return "USER: ", ""
