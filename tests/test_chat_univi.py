@@ -68,11 +68,21 @@ def scene_frames(scenes: str, tokens: int = 8, dim: int = 4) -> torch.Tensor:
     return torch.stack([offsets[s] + 0.1 * torch.randn(tokens, dim, generator=g) for s in scenes])
 
 
+def noise(seed: int) -> merging.Options:
+    return merging.Options(generator=torch.Generator().manual_seed(seed))
+
+
 def test_temporal_events_group_frames_of_a_scene():
-    frames = scene_frames("AABBA")
-    assert merging.temporal_events(frames, rate=2) == [[0, 1, 4], [2, 3]]  # a returning scene rejoins its event
+    """With 2 events k drops to 1, so every density is exp(0) and ties: Chat-UniVi's 1e-6 noise alone picks the
+    peaks, and can put both in one scene (25 of 200 seeds for "AABBA"); our ties="index" variant never does."""
+    frames, index = scene_frames("AABBA"), merging.Options(ties="index")
+    assert merging.temporal_events(frames, rate=2, options=index) == [[0, 1, 4], [2, 3]]  # a returning scene rejoins
     assert merging.temporal_events(frames) == [[0, 1, 2, 3, 4]]  # 1/16 event per frame: one event up to 16
-    assert merging.temporal_events(scene_frames("A" * 17 + "B" * 15)) == [list(range(17)), list(range(17, 32))]
+    two = scene_frames("A" * 17 + "B" * 15)
+    assert merging.temporal_events(two, options=index) == [list(range(17)), list(range(17, 32))]
+    seeded = [merging.temporal_events(frames, rate=2, options=noise(i))
+              for i in range(40)]
+    assert [[0, 1, 4], [2, 3]] in seeded and any(events != [[0, 1, 4], [2, 3]] for events in seeded)
 
 
 def test_clip_tokens_take_the_image_path_below_three_frames():
@@ -81,7 +91,7 @@ def test_clip_tokens_take_the_image_path_below_three_frames():
     assert merging.clip_tokens(x, steps).shape == (28, 6)  # one event
     assert merging.clip_tokens(x[:2], steps).shape == (56, 6)  # two images
     two_scenes = scene_frames("A" * 17 + "B" * 15, tokens=64, dim=6)
-    events = merging.clip_tokens(two_scenes, steps)
+    events = merging.clip_tokens(two_scenes, steps, options=merging.Options(ties="index"))  # see the test above
     assert events.shape == (56, 6)
     assert events[:28].mean() < 5 < events[28:].mean()  # each event merges only its own frames
 
