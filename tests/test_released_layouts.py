@@ -60,8 +60,8 @@ def select_layer_written_out(folder):
 
 
 LAYOUTS = {"tower next to the checkpoint": tower_next_to_checkpoint,
-           "tower at an absolute path": tower_at_absolute_path, "one safetensors file": one_safetensors_file, "mm_use_im_patch_token true": patch_token_flag,
-           "select layer written out": select_layer_written_out}
+           "tower at an absolute path": tower_at_absolute_path, "one safetensors file": one_safetensors_file,
+           "mm_use_im_patch_token true": patch_token_flag, "select layer written out": select_layer_written_out}
 
 
 @pytest.fixture(scope="module")
