@@ -133,3 +133,20 @@ def test_tie_noise_is_seeded_like_torchs_global_generator():
     torch.manual_seed(7)
     want = torch.rand(3, 5)
     assert torch.equal(torch.rand(3, 5, generator=torch.Generator().manual_seed(7)), want)
+
+
+def test_float16_stages_match_within_half_precision(recorded):
+    """fp16 (recorded at 240×320). Fed the original's fp16 features, the merging is bit-exact (it works in the
+    tokens' dtype, as merge_tokens does); our fp16 CLIP differs from 4.31's by a few fp16 ulps, and in half precision
+    those flip DPC-KNN's near ties, so the merged tokens are compared stage-isolated only. Flash-VStream's memory
+    (fp32 here, fp16 in the original's streaming path) stays within fp16 precision end to end."""
+    tensors, meta = recorded
+    video = compare.frames_mod.frames(64, *SIZES[0])
+    chat = compare.make_chat_univi(meta["seed"], torch.float16)
+    stages = compare.chat_univi_size(chat, tensors, meta, SIZES[0], video[:4], dtype="float16", counts=(1, 4))
+    assert stages["features"] <= 1e-2 and stages["merged tokens from theirs"] == 0, stages
+    assert stages["input embeddings from theirs"] <= 1e-3 and stages["logits from theirs"] <= 1e-2, stages
+    assert stages["prompt ids (ids off)"] == 0
+    flash = compare.make_flash(meta["seed"], torch.float16)
+    stages = compare.flash_size(flash, tensors, meta, SIZES[0], video, dtype="float16")
+    assert stages["STAR read-out"] <= 5e-3 and stages["logits"] <= 1e-2 and stages["read-out lengths (tokens off)"] == 0
