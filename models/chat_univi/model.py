@@ -9,9 +9,15 @@ Prompts follow Chat-UniVi's "v1" conversation (ChatUniVi/conversation.py, `conv_
 of their video evaluation scripts): the Vicuna system prompt, turns "USER: …" and "ASSISTANT: …"
 separated by " " after user turns and "</s>" after answers, and the video placeholder first in its
 user message followed by "\n" (`DEFAULT_IMAGE_TOKEN * frames + '\n' + question`). Here each clip is
-a user message of its own and the question another, so turns can be appended as the stream goes.
-Turns start without a space: a Llama tokenizer adds the word-start marker itself, giving the tokens
-that " USER:" has inside one prompt.
+a user message of its own and the question another, so turns can be appended as the stream goes
+(ARCHITECTURE.md, "Where the streaming prompt departs from the originals"; the one-shot form is
+`models.llava_prompt`). The system turn is BOS as an id, then the system text, as their
+`tokenizer_image_token` gives it under every `legacy` setting. Later turns start without a space: a
+Llama tokenizer adds the word-start marker itself, as " USER:" has inside one prompt.
+
+Merging is Chat-UniVi's by default, its 1e-6 tie noise drawn from a generator seeded per clip (so a
+clip's tokens are reproducible); `ties="index"`, `merge_eps=0` give our deterministic variant.
+tests/test_originals_parity.py checks the whole pipeline against outputs recorded from their code.
 """
 
 from collections.abc import Sequence

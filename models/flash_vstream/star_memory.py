@@ -3,10 +3,9 @@
 Four parts, each a fixed number of tokens once the stream is long enough:
 
 - spatial: the fine tokens of the most recent frames (a FIFO);
-- temporal: frames pooled coarser and merged by weighted k-means into a fixed number of centroids,
-  each weighted by how many frames it has absorbed;
+- temporal: frames pooled coarser and merged by weighted k-means into a fixed number of centroids;
 - abstract: one pooled token per frame, blended into a fixed set of slots by attention;
-- retrieved: the fine tokens of key frames, the frames nearest the heaviest temporal centroids.
+- retrieved: the fine tokens of a few key frames chosen from the temporal clustering (below).
 
 Facts taken from the Flash-VStream repository (Flash-VStream-LLaVA): the pooling resolutions and
 lengths from the 7B `config.json` fields `compress_size`, `compress_long_memory_size`,
