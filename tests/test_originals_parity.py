@@ -150,3 +150,21 @@ def test_float16_stages_match_within_half_precision(recorded):
     flash = compare.make_flash(meta["seed"], torch.float16)
     stages = compare.flash_size(flash, tensors, meta, SIZES[0], video, dtype="float16")
     assert stages["STAR read-out"] <= 5e-3 and stages["logits"] <= 1e-2 and stages["read-out lengths (tokens off)"] == 0
+
+
+def test_the_product_entry_points_give_the_originals_visual_embeddings(chat_univi, flash, recorded, videos):
+    """`encode_clip` (Chat-UniVi, frames at 1 fps) and the memory read-out after `append_clip` (Flash-VStream), as
+    the engine calls them, equal the original's embeddings spliced into its prompt."""
+    tensors, meta = recorded
+    video = videos[SIZES[1]]
+    key = f"float32/{SIZES[1][0]}x{SIZES[1][1]}"
+    entry = meta["chat_univi"][f"{key}/T4"]
+    visual = chat_univi.encode_clip(video[:4], [0.0, 1.0, 2.0, 3.0])
+    start = entry["ids"].index(-200)
+    assert compare.diff(visual, tensors[f"cu/{key}/T4/embeds"][start:start + len(visual)]) <= TOL
+    session = flash.new_session(policy="full")
+    for i in range(0, 64, 8):
+        flash.append_clip(session, flash.encode(video[i:i + 8], [float(t) for t in range(i, i + 8)]), i // 8 + 1)
+    embeds = tensors[f"fv/{key}/N64/embeds"]
+    start = meta["flash_vstream"][key]["ids"].index(-200)
+    assert compare.diff(flash.readout(), embeds[start:start + len(flash.readout())]) <= TOL
