@@ -1,13 +1,14 @@
 """Frame sources the page drives: a file released as the player reaches it, and the browser's camera.
 
 Both end promptly when the engine stops (they wait on its `stop` event, never on a bare sleep), so a
-released session leaves no thread behind.
+released session leaves no thread behind. Both read time from `clock` (monotonic seconds), so a test
+can step it instead of waiting on a busy machine's wall clock.
 """
 
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -25,10 +26,11 @@ class PlaybackSource:
 
     live = False
 
-    def __init__(self, path, stop: threading.Event, fps: float = 1.0, loops: int = 1000, speed: float = 1.0):
+    def __init__(self, path, stop: threading.Event, fps: float = 1.0, loops: int = 1000, speed: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
         self.file = FileSource(path, fps=fps, loops=loops)
-        self.duration, self.stop, self.speed = self.file.duration, stop, speed
-        self.started = time.monotonic()
+        self.duration, self.stop, self.speed, self.clock = self.file.duration, stop, speed, clock
+        self.started = clock()
         self.lap, self.position = 0, None  # player laps and its last reported position (None: server clock)
         self.waited_s = 0.0  # time spent waiting for playback, left out of the ingest speed
         self.moved = threading.Event()
@@ -46,16 +48,16 @@ class PlaybackSource:
     def now(self) -> float:
         """Video time the viewer has reached (laps included)."""
         if self.position is None:
-            return (time.monotonic() - self.started) * self.speed
+            return (self.clock() - self.started) * self.speed
         return self.lap * self.duration + self.position
 
     def __iter__(self) -> Iterator[Frame]:
         for frame in self.file:
-            t0 = time.monotonic()
+            t0 = self.clock()
             while self.now() < frame.t and not self.stop.is_set():
                 self.moved.wait(0.05)
                 self.moved.clear()
-            self.waited_s += time.monotonic() - t0
+            self.waited_s += self.clock() - t0
             if self.stop.is_set():
                 return
             yield frame
@@ -70,8 +72,9 @@ class BrowserCamera:
 
     live = True
 
-    def __init__(self, stop: threading.Event, fps: float = 1.0, timeout: float = 10.0):
-        self.stop, self.fps, self.timeout = stop, fps, timeout
+    def __init__(self, stop: threading.Event, fps: float = 1.0, timeout: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.stop, self.fps, self.timeout, self.clock = stop, fps, timeout, clock
         self.frames: queue.Queue = queue.Queue(maxsize=2)
         self.started, self.next_t, self.ended = None, 0.0, None
         self.received = 0
@@ -79,7 +82,7 @@ class BrowserCamera:
 
     def push(self, rgb: np.ndarray) -> None:
         """One frame from the page; frames beyond the sampling rate are not kept."""
-        now = time.monotonic()
+        now = self.clock()
         self.started = self.started if self.started is not None else now
         t = now - self.started
         self.received += 1
@@ -92,17 +95,17 @@ class BrowserCamera:
             pass
 
     def __iter__(self) -> Iterator[Frame]:
-        last = time.monotonic()
+        last = self.clock()
         while not self.stop.is_set():
-            t0 = time.monotonic()
+            t0 = self.clock()
             try:
                 frame = self.frames.get(timeout=0.1)
             except queue.Empty:
-                self.waited_s += time.monotonic() - t0
-                if self.started is not None and time.monotonic() - last > self.timeout:
+                self.waited_s += self.clock() - t0
+                if self.started is not None and self.clock() - last > self.timeout:
                     self.ended = f"the browser camera sent no frame for {self.timeout:g} s"
                     return
                 continue
-            last = time.monotonic()
+            last = self.clock()
             self.waited_s += last - t0
             yield frame

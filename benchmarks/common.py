@@ -135,19 +135,20 @@ class RoundTimer:
     plain-SDPA runs (`cache.measure_overhead`) taken out: they are measurement, not work.
 
     Call `turn()` after each appended turn (it counts the turn's eviction), `lap()` for the seconds so
-    far (the probe time of that lap alone is `lap_probe_s`), `share()` for the eviction share."""
+    far (the probe time of that lap alone is `lap_probe_s`), `share()` for the eviction share. `clock`
+    is there for tests, which step it rather than time a busy machine."""
 
-    def __init__(self, session):
-        self.session = session
+    def __init__(self, session, clock=time.perf_counter):
+        self.session, self.clock = session, clock
         session.cache.pop_score_time()  # what came before the round is not its cost
         self.evict_s = self.score_s = self.probe_s = self.lap_probe_s = 0.0
-        self.t0 = time.perf_counter()
+        self.t0 = clock()
 
     def lap(self) -> float:
         score, self.lap_probe_s = self.session.cache.pop_score_time()
         self.score_s += score
         self.probe_s += self.lap_probe_s
-        return time.perf_counter() - self.t0 - self.probe_s
+        return self.clock() - self.t0 - self.probe_s
 
     def turn(self) -> float:
         self.evict_s += self.session.last.evict_s

@@ -6,6 +6,10 @@ video goes through the real pipeline (file source → engine → tiny-vlm → bo
 and 300 rounds (12 and 6 videos of 5 and 10 rounds, one of 300), for each policy at one budget,
 plus a full cache capped at 4× the budget's memory, which runs out of memory at some round as the
 unbounded models in the paper do.
+
+The ports' pipelines on tiny-vlm (`chat-univi-tiny`, `flash-vstream-tiny`) run faithful to their
+original code; `--policies chat-univi-tiny~ours flash-vstream-tiny~ours` runs our variants beside
+them (Chat-UniVi: index ties, exact means; Flash-VStream: carried weights, nearest-frame retrieval).
 """
 
 import random
@@ -148,6 +152,26 @@ def qa_rounds(vlm, clips, asks, policy: str, budget: int | None, cfg: dict, time
 
 # the ports' token pipelines on tiny-vlm features, run with the paper's policy beside tiny-vlm's full sweep
 PORTS = ("chat-univi-tiny", "flash-vstream-tiny")
+# our variants of the ports (the ports run faithful to the originals by default); only when named in --policies
+PORT_VARIANTS = ("chat-univi-tiny~ours", "flash-vstream-tiny~ours")
+
+
+def load_port(name: str):
+    """A port by name; "~ours": Chat-UniVi with index ties and exact means, Flash-VStream with carried weights and
+    nearest-frame retrieval (the committed video_qa results before issue 20 ran these, then the ports' defaults)."""
+    from dataclasses import replace
+
+    from models import load_adapter
+
+    if name == "chat-univi-tiny~ours":
+        from models.chat_univi.tiny import ChatUniViTiny
+
+        return ChatUniViTiny(ties="index", merge_eps=0.0)
+    if name == "flash-vstream-tiny~ours":
+        from models.flash_vstream.tiny import TINY_STAR, FlashVStreamTiny
+
+        return FlashVStreamTiny(star=replace(TINY_STAR, carry_weights=True, retrieval="nearest"))
+    return load_adapter(name)
 
 
 # short videos are many, so that 5- and 10-round accuracy rests on 60 questions, not 5 or 10
@@ -160,10 +184,10 @@ def run(args):
     if args.tokens:
         round_sets = [args.tokens]
     # --policies may name the ports too ("chat-univi-tiny"): they run with inf_mllm
-    names = policy_names(args.policies and [p for p in args.policies if p not in PORTS], recall=True)
+    names = policy_names(args.policies and [p for p in args.policies if p not in PORTS + PORT_VARIANTS], recall=True)
     vlm = load_adapter("tiny-vlm")
-    ports = {name: load_adapter(name) for name in PORTS
-             if not args.quick and (args.policies is None or name in args.policies)}
+    ports = {name: load_port(name) for name in PORTS + PORT_VARIANTS if not args.quick and (
+        name in (args.policies or ()) or (args.policies is None and name in PORTS))}
     out = Path(args.out)
     folder = Path(".cache/video_qa")  # regenerated deterministically: not committed
     folder.mkdir(parents=True, exist_ok=True)

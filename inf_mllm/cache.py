@@ -61,8 +61,9 @@ class StreamingLayer(DynamicLayer):
             self.turn_ids = tag if self.turn_ids is None else torch.cat([self.turn_ids, tag], dim=-1)
         for obs in self.cache.observers:
             obs.grow(self, new)
-        if self.cache.observers:
-            attention.announce(self)
+        # announce even when nothing is observed: a layer of another cache left announced (a forward that
+        # never reached attention) must not be taken for this one
+        attention.announce(self if self.cache.observers else None)
         return keys, values
 
     def window_len(self, q_len: int) -> int:

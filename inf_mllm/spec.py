@@ -126,10 +126,11 @@ class PolicySpec:
             elif part in RECALL_KINDS and recall is None:
                 recall = Recall(**RECALL_KINDS[part])
             else:
+                allocators, reducers, recalls = (" ".join("+" + n for n in names)
+                                                 for names in (ALLOCATORS, REDUCERS, RECALL_KINDS))
                 raise ValueError(f"unknown or misplaced policy part {'+' + part!r} in {text!r}: write "
-                                 "<scorer>[+<allocator>][+<reducer>][+<recall>] with allocators "
-                                 f"{', '.join(ALLOCATORS)}, reducers {', '.join(REDUCERS)} and recall "
-                                 f"{', '.join(RECALL_KINDS)}")
+                                 f"<scorer>[+<allocator>][+<reducer>][+<recall>]; allocators {allocators}, "
+                                 f"reducers {reducers}, recall {recalls}")
         return cls(scorer, allocator, reducer, recall, options)
 
     @property

@@ -53,6 +53,20 @@ class VideoAdapter(ABC):
     def system_text(self) -> str:
         """The text that opens a conversation."""
 
+    def system_ids(self) -> torch.Tensor:
+        """(1, L) token ids of the opening turn. The LLaMA ports override it to put BOS in as an id."""
+        return self.text_ids(self.system_text())
+
+    def bos_then(self, text: str) -> torch.Tensor:
+        """BOS as an id, then `text` tokenised without special tokens: what `tokenizer(text)` gives in the
+        originals' transformers 4.31, whatever the checkpoint's `legacy` flag (BOS written as text "<s>"
+        is followed by "A" instead of "▁A" under transformers 5 when legacy is false or absent)."""
+        ids = self.text_ids(text)
+        bos = self.tokenizer.bos_token_id
+        if bos is None:
+            return ids
+        return torch.cat([ids.new_tensor([[bos]]), ids], dim=1)
+
     @abstractmethod
     def clip_text(self, index: int, start_s: float) -> tuple[str, str]:
         """Text before and after the visual embeddings of clip `index` (1-based)."""
@@ -99,7 +113,7 @@ class VideoAdapter(ABC):
         """`store`: the span store of a policy with recall (a `SpanStore` or a folder; a session folder's), not a
         policy option."""
         session = StreamSession(self.model, self.tokenizer, as_spec(policy, **options), budget=budget, store=store)
-        session.append(self.text_ids(self.system_text()), store=False)
+        session.append(self.system_ids(), store=False)
         return session
 
     def append_clip(self, session: StreamSession, visual: torch.Tensor, index: int, start_s: float = 0.0,

@@ -260,8 +260,8 @@ def load_tokenizer(path: Path, cfg, spec: LlavaSpec):
         return AutoTokenizer.from_pretrained(path, config=cfg)
     except (*READ_ERRORS, TypeError, KeyError, ImportError) as err:
         raise AssetError(f"cannot load the tokenizer in {path} ({type(err).__name__}: {str(err)[:120]}): restore "
-                         f"tokenizer.model / tokenizer_config.json, or {spec.redownload} (a sentencepiece-only "
-                         "tokenizer also needs `pip install sentencepiece`)") from err
+                         f"tokenizer.model / tokenizer_config.json, or {spec.redownload} (a tokenizer.model-only "
+                         "tokenizer needs sentencepiece and protobuf: `make setup` installs both)") from err
 
 
 def load_llava(path: str | Path, spec: LlavaSpec, device: str = "cpu", dtype: torch.dtype | None = None,

@@ -11,8 +11,8 @@ from app.sources import BrowserCamera, PlaybackSource
 from streaming.sources import bundled_clip
 
 
-def pull(source, n, timeout=5.0):
-    """Up to n frames from a source on a thread, as the engine's ingest thread would take them."""
+def pull(source, n):
+    """Up to n frames from a source, taken on a thread as the engine's ingest thread would; (frames, thread)."""
     got, it = [], iter(source)
 
     def run():
@@ -23,24 +23,43 @@ def pull(source, n, timeout=5.0):
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    t.join(timeout)
     return got, t
+
+
+def until(done, timeout=30.0):
+    """Wait for `done()` on a machine whose cores may be busy; the bound is a hang guard, not a timing."""
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return done()
+
+
+class Clock:
+    """Monotonic seconds that move only when the test steps them."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def test_frames_are_released_only_up_to_the_player_position():
     stop = threading.Event()
     source = PlaybackSource(bundled_clip(), stop, fps=1.0)
     source.report(3.2)  # the player is at 3.2 s: frames 0..3 may go in, not 4
-    got, t = pull(source, 10, timeout=1.5)
+    got, t = pull(source, 10)
+    assert until(lambda: len(got) == 4)
+    time.sleep(0.3)  # a chance to take frame 4 too early
     assert [f.t for f in got] == pytest.approx([0, 1, 2, 3], abs=0.05) and t.is_alive()  # waiting for playback
     source.report(1.0)  # a seek back: nothing is taken in twice, ingest waits for playback to pass 4 s
     time.sleep(0.3)
     assert len(got) == 4
     source.report(5.0)
-    time.sleep(0.5)
+    assert until(lambda: len(got) == 6)
     assert [round(f.t) for f in got] == [0, 1, 2, 3, 4, 5]
     stop.set()  # the engine stopping ends a waiting source at once
-    t.join(1.0)
+    t.join(5.0)
     assert not t.is_alive()
 
 
@@ -54,26 +73,40 @@ def test_the_looping_player_starts_a_new_lap_and_video_time_runs_on():
 
 
 def test_without_a_player_a_server_clock_paces_ingest():
-    stop = threading.Event()
-    source = PlaybackSource(bundled_clip(), stop, fps=2.0, speed=10.0)
-    t0 = time.monotonic()
-    got, _ = pull(source, 10)
-    assert len(got) == 10 and got[-1].t == pytest.approx(4.5, abs=0.05)
-    assert time.monotonic() - t0 >= 0.4  # 4.5 s of video at 10× takes 0.45 s
+    """No player reports: video time is the server clock times `speed` (10x: 0.25 s of clock is 2.5 s of video)."""
+    stop, clock = threading.Event(), Clock()
+    source = PlaybackSource(bundled_clip(), stop, fps=2.0, speed=10.0, clock=clock)
+    got, t = pull(source, 10)
+    assert until(lambda: len(got) == 1)
+    time.sleep(0.3)  # the clock stands still: frame 0.5 s waits
+    assert [f.t for f in got] == [0.0]
+    clock.now = 0.25
+    assert until(lambda: len(got) == 6)
+    time.sleep(0.3)
+    assert [f.t for f in got] == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0, 2.5], abs=0.05)
+    clock.now = 0.45
+    assert until(lambda: len(got) == 10) and got[-1].t == pytest.approx(4.5, abs=0.05)
+    assert 0 <= source.waited_s <= 0.45  # by the source's clock (how much depends on when decoding ended)
     stop.set()
 
 
 def test_browser_camera_samples_pushed_frames_and_times_out():
+    """16 frames pushed over one second of the camera's clock, sampled at 4 fps: every fourth is kept, each
+    stamped with its time; no frame for longer than `timeout` ends the stream with a reason."""
     from skimage import data
 
-    stop = threading.Event()
-    camera = BrowserCamera(stop, fps=4.0, timeout=0.5)
+    stop, clock = threading.Event(), Clock()
+    camera = BrowserCamera(stop, fps=4.0, timeout=0.5, clock=clock)
     frame = data.astronaut()  # a real photo stands in for a webcam frame
-    got, t = pull(camera, 100, timeout=3.0)
-    for _ in range(20):  # 20 frames over ~1 s, 4 fps kept
-        camera.push(np.dstack([frame, np.full(frame.shape[:2], 255, np.uint8)]))  # RGBA from the page
-        time.sleep(0.05)
-    t.join(2.0)
-    assert not t.is_alive() and camera.ended == "the browser camera sent no frame for 0.5 s"
-    assert 3 <= len(got) <= 6 and camera.received == 20
-    assert got[0].rgb.shape == frame.shape and all(b.t - a.t >= 0.2 for a, b in zip(got, got[1:], strict=False))
+    rgba = np.dstack([frame, np.full(frame.shape[:2], 255, np.uint8)])  # RGBA from the page
+    frames, kept = iter(camera), []
+    for i in range(16):
+        clock.now = i / 16
+        camera.push(rgba)
+        if not camera.frames.empty():
+            kept.append(next(frames))
+    assert [f.t for f in kept] == [0.0, 0.25, 0.5, 0.75] and camera.received == 16
+    assert kept[0].rgb.shape == frame.shape and camera.ended is None
+    clock.now = 0.75 + 0.6  # the last frame taken was at 0.75 s
+    assert next(frames, None) is None
+    assert camera.ended == "the browser camera sent no frame for 0.5 s"

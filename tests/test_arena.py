@@ -109,7 +109,7 @@ def test_replayed_video_rounds_match_the_engine(vlm):
     cfg = config_for("inf_mllm", 64)
     replayed = qa_rounds(vlm, clips, asks, "inf_mllm", 64, cfg)
     with tqdm(disable=True) as bar:
-        engine, _, _ = run_one(vlm, Path(".cache/video_qa/easyvqa_3_rounds_0.mp4"), asks, "inf_mllm", 64, cfg, None,
+        engine, _, _, _ = run_one(vlm, Path(".cache/video_qa/easyvqa_3_rounds_0.mp4"), asks, "inf_mllm", 64, cfg, None,
                                bar)
     assert [(r["round"], r["back"], r["ok"]) for r in replayed] == [(r["round"], r["back"], r["ok"]) for r in engine]
     assert [r["kv_mb"] for r in replayed] == pytest.approx([r["kv_mb"] for r in engine])

@@ -73,13 +73,12 @@ class _Cache:
         return self.pops.pop(0)
 
 
-def test_round_timer_takes_the_probe_out(monkeypatch):
+def test_round_timer_takes_the_probe_out():
     clock = iter([10.0, 10.5, 11.0, 11.0])
-    monkeypatch.setattr(common.time, "perf_counter", lambda: next(clock))
     # pops: before the round (discarded), after the turn (score 0.05 s, probe 0.1 s), after decoding (probe 0.2 s)
     session = SimpleNamespace(cache=_Cache([(9.0, 9.0), (0.05, 0.1), (0.0, 0.2)]),
                               last=SimpleNamespace(evict_s=0.02))
-    timer = RoundTimer(session)  # t0 = 10.0
+    timer = RoundTimer(session, clock=lambda: next(clock))  # t0 = 10.0
     assert timer.turn() == pytest.approx(0.4)  # at 10.5, less the 0.1 s probe
     assert timer.lap() == pytest.approx(0.7)  # at 11.0, less both probes
     assert timer.lap_probe_s == pytest.approx(0.2)  # the decode's own probe (latency's decode time)

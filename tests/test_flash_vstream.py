@@ -43,7 +43,8 @@ def test_weighted_kmeans_weights_points():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_temporal_memory_merges_frames_weighted_by_count(seed):
-    memory = StarMemory(POINT, seed=seed)
+    """Our variant (carry_weights=True): a centroid's weight is the number of frames it has absorbed."""
+    memory = StarMemory(StarConfig(**{**POINT.__dict__, "carry_weights": True}), seed=seed)
     for xy in [(0, 0), (0, 1), (10, 0)]:
         memory.update(frame(*xy))
     centroids, weights = by_x(memory)
@@ -54,7 +55,7 @@ def test_temporal_memory_merges_frames_weighted_by_count(seed):
 
 
 def test_unit_weights_reproduce_their_streaming_loop():
-    memory = StarMemory(StarConfig(**{**POINT.__dict__, "carry_weights": False}))
+    memory = StarMemory(POINT)  # the default, as their loop: every point (old centroids too) weighs 1
     for xy in [(0, 0), (0, 1), (10, 0), (0, 2)]:
         memory.update(frame(*xy))
     centroids, weights = by_x(memory)
@@ -72,7 +73,9 @@ def test_spatial_memory_is_a_fifo_of_pooled_frames():
 
 
 def test_retrieval_picks_the_frame_nearest_the_heaviest_centroid():
-    cfg = StarConfig(spatial_size=2, temporal_size=1, temporal_length=2, abstract_size=1, retrieved=1)
+    """Our variant (retrieval="nearest", with carried weights)."""
+    cfg = StarConfig(spatial_size=2, temporal_size=1, temporal_length=2, abstract_size=1, retrieved=1,
+                     carry_weights=True, retrieval="nearest")
     spread = torch.tensor([[1.0, 0], [-1, 0], [0, 1], [0, -1]])  # zero-mean, so fine tokens differ, means don't
     frames = [torch.tensor(xy) + (k + 1) * spread for k, xy in enumerate([(0, 0), (20, 0), (0, 1), (0, 0.4), (21, 0)])]
     for seed in range(4):
@@ -105,7 +108,16 @@ def test_readout_order_and_token_counts_of_flash_vstream_7b():
     parts = memory.parts()
     assert list(parts) == ["abstract", "temporal", "retrieved", "spatial"]
     assert torch.equal(memory.readout(), torch.cat(list(parts.values())))
-    assert memory.weights.sum() == 30 and memory.readout().shape == (681, 4)
+    # unit weights (the original's): the 26 points of the last clustering, each weighing 1
+    assert memory.weights.sum() == 26 and memory.readout().shape == (681, 4)
+    # their retrieval indexing reaches only the first 26 frames, so only those are kept
+    assert len(memory.buffer) == 26
+    assert all(any(torch.equal(row, kept) for kept in memory.buffer) for row in memory.retrieved())
+
+
+def test_unknown_retrieval_is_refused():
+    with pytest.raises(ValueError, match="retrieval"):
+        StarMemory(StarConfig(retrieval="random"))
 
 
 # --- synthetic Flash-VStream checkpoint -----------------------------------------------------------------

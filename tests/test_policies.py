@@ -160,8 +160,8 @@ def test_policy_strings_compose_scorer_allocator_and_reducer():
         with pytest.raises(ValueError, match="unknown or misplaced"):
             make_policy(bad)
     spec = PolicySpec.parse("inf_mllm+vl_cache_budgets+merge+recall")
-    assert (spec.policy_name, spec.name, spec.recall) == ("inf_mllm+vl_cache_budgets+merge", spec.name, Recall())
-    assert spec.name == "inf_mllm+vl_cache_budgets+merge+recall"
+    assert (spec.policy_name, spec.recall) == ("inf_mllm+vl_cache_budgets+merge", Recall())
+    assert spec.name == "inf_mllm+vl_cache_budgets+merge+recall" and str(PolicySpec.parse(spec.name)) == spec.name
     assert PolicySpec.parse("inf_mllm+recall_oracle").recall.mode == "oracle"
     assert PolicySpec.parse("inf_mllm+recall_keys").recall.named is False
     for bad in ("inf_mllm+recal", "inf_mllm+recall+merge", "inf_mllm+recall+recall"):

@@ -27,16 +27,22 @@ class ChatUniViTiny(TinyTurns, VideoAdapter):
     name = "chat-univi-tiny"
 
     def __init__(self, weights: str | Path | None = None, device: str = "cpu", trained: bool = True,
-                 max_frames: int = MAX_FRAMES):
+                 max_frames: int = MAX_FRAMES, ties: str = "noise", merge_eps: float = merging.MERGE_EPS,
+                 seed: int = 0):
+        """`ties`, `merge_eps`, `seed`: as `ChatUniVi` (Chat-UniVi's merging by default, seeded per clip)."""
         self.vlm = TinyVLM(weights or WEIGHTS, device=device, trained=trained)
         self.model, self.tokenizer = self.vlm.model, self.vlm.tokenizer
         self.max_frames = max_frames
+        if ties not in merging.TIES:
+            raise ValueError(f"ties must be one of {merging.TIES}, got {ties!r}")
+        self.ties, self.merge_eps, self.seed = ties, merge_eps, seed
 
     @torch.no_grad()
     def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> torch.Tensor:
         kept = sample_frames(timestamps, len(frames), max_frames=self.max_frames)
         features = self.vlm.encoder(np.asarray(frames)[kept])  # (T, 16, 1408)
-        return self.vlm.project(merging.clip_tokens(features, STEPS))
+        options = merging.Options(self.ties, self.merge_eps, torch.Generator().manual_seed(self.seed))
+        return self.vlm.project(merging.clip_tokens(features, STEPS, options=options))
 
     def describe(self) -> AdapterInfo:
         cfg = self.model.config

@@ -52,13 +52,18 @@ class FlashVStream(MemoryAdapter):
         return next(self.projector.parameters()).dtype
 
     # --- vicuna_v1 turns ----------------------------------------------------------------------
-    # Their prompt is "<s>{SYSTEM} USER: <image>\n{question} ASSISTANT:", tokenized in pieces split at
-    # <image>. The turns below are those pieces; each piece is tokenized on its own, so LLaMA's
-    # sentencepiece prefix space stands in for the " " separator before "USER:". An answer ends with
-    # </s>, which the session carries into the next turn: "...</s>USER: ...", vicuna_v1's multi-turn form.
+    # Their prompt, fresh for every question, is BOS (an id) + "{SYSTEM} USER: <image>\n{question} ASSISTANT:",
+    # split only at <image> (models.llava_prompt). Here the system text is a turn of its own, sent once per
+    # stream (BOS as an id, as theirs), and each question one turn "USER: " + read-out + "\n{question}
+    # ASSISTANT:"; each turn is tokenized on its own, so LLaMA's sentencepiece prefix space stands in for the
+    # " " separator before "USER:". An answer ends with </s>, which the session carries into the next turn:
+    # "...</s>USER: ...", vicuna_v1's multi-turn form (their CLI starts a new conversation instead).
 
     def system_text(self) -> str:
-        return f"{self.tokenizer.bos_token or ''}{SYSTEM}"
+        return SYSTEM
+
+    def system_ids(self) -> torch.Tensor:
+        return self.bos_then(SYSTEM)
 
     def clip_text(self, index: int, start_s: float = 0.0) -> tuple[str, str]:
         return "USER: ", ""

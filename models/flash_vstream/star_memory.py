@@ -3,27 +3,39 @@
 Four parts, each a fixed number of tokens once the stream is long enough:
 
 - spatial: the fine tokens of the most recent frames (a FIFO);
-- temporal: frames pooled coarser and merged by weighted k-means into a fixed number of centroids,
-  each weighted by how many frames it has absorbed;
+- temporal: frames pooled coarser and merged by weighted k-means into a fixed number of centroids;
 - abstract: one pooled token per frame, blended into a fixed set of slots by attention;
-- retrieved: the fine tokens of key frames, the frames nearest the heaviest temporal centroids.
+- retrieved: the fine tokens of a few key frames chosen from the temporal clustering (below).
 
 Facts taken from the Flash-VStream repository (Flash-VStream-LLaVA): the pooling resolutions and
 lengths from the 7B `config.json` fields `compress_size`, `compress_long_memory_size`,
 `compress_Turing_memory_size`, `video_current_memory_length`, `video_long_memory_length`,
 `video_Turing_memory_length`, `compress_Turing_update_ratio` (also `scripts/train_and_eval.sh`);
-the update rules from `flash_vstream/model/vstream_arch.py` (`compress_spatial_features`,
-`embed_video_streaming`, `attention`, the hard-coded three key frames) and
+the update rules from `flash_vstream/model/vstream_arch.py` (`embed_video_streaming`, one frame per
+call as `serve/cli_video_stream.py` feeds it; `compress_spatial_features`, `attention`) and
 `flash_vstream/model/compress_functions.py` (`weighted_kmeans_feature`, `attention_feature`).
 
-Deviations, both to keep the memory bounded and the weighting the paper describes:
-- their streaming loop re-clusters from unit weights each frame; here a centroid's weight (frames
-  merged so far) carries into the next clustering (`carry_weights=False` gives their behaviour);
-- their loop keeps every frame's fine tokens to look key frames up in, which grows without bound;
-  here each centroid keeps one representative frame, re-chosen at every clustering as the
-  candidate (old representatives and the new frame) nearest the new centroid.
+Faithful by default (tests/test_originals_parity.py compares with outputs recorded from that code):
+- temporal: each frame, the old centroids plus the new frame are re-clustered from *unit* weights
+  (`carry_weights=False`); k-means starts from `torch.randperm` and re-seeds an empty cluster with
+  `random.randint`, returns the previous centroids once they move less than `tol`, and the weight of
+  each centroid is the (unit) weight of its last assignment. Seeded like the original (torch and
+  `random` seeded with `seed` before the stream), the draws are the same.
+- retrieved (`retrieval="original"`): the cluster ids sorted by that weight index the *pre-clustering*
+  rows (old centroids + new frame), and each picked row's nearest such row names a frame of the
+  stream's frame buffer by its position. So the retrieved frames are always among the first
+  `temporal_length + 1` frames of the stream (e.g. frames 23, 12, 24 after 60 frames), and only
+  those frames' fine tokens are kept.
+
+Our variants, as options:
+- `carry_weights=True`: a centroid's weight (frames merged so far) carries into the next
+  clustering, the weighting the paper describes;
+- `retrieval="nearest"`: each centroid keeps one representative frame, re-chosen at every
+  clustering as the candidate (old representatives and the new frame) nearest the new centroid, and
+  the representatives of the heaviest centroids are retrieved.
 """
 
+import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,7 +61,8 @@ class StarConfig:
     retrieved: int = 3  # key_length, hard-coded in vstream_arch.py
     kmeans_iters: int = 10  # weighted_kmeans_torch defaults
     kmeans_tol: float = 1e-4
-    carry_weights: bool = True
+    carry_weights: bool = False  # the original re-clusters from unit weights; True: our carried weights
+    retrieval: str = "original"  # "original": their indexing; "nearest": our representative frames
 
     @classmethod
     def from_config(cls, config: dict, **overrides) -> "StarConfig":
@@ -84,30 +97,37 @@ def pool_grid(tokens: torch.Tensor, side: int) -> torch.Tensor:
 
 
 def weighted_kmeans(x: torch.Tensor, weights: torch.Tensor, k: int, iters: int = 10, tol: float = 1e-4,
-                    generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(N, F) points with (N,) weights → (k, F) centroids and (k,) weight each centroid absorbed.
+                    generator: torch.Generator | None = None,
+                    rng: random.Random | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, F) points with (N,) weights → (k, F) centroids and (k,) weight of each centroid's last assignment.
 
-    Lloyd's iterations from k random points, each centroid the weighted mean of its points; an empty
-    cluster is re-seeded at a random point, as in their `weighted_kmeans_torch`.
+    Their `weighted_kmeans_torch`, step for step: k random points (`torch.randperm`, from `generator`
+    or torch's global one), Euclidean distances written out, per-cluster weighted means, an empty
+    cluster re-seeded at a random point (`rng.randint`, Python's `random` when None), and on
+    convergence (total shift below `tol`) the centroids *before* the last update are returned.
     """
     n = x.shape[0]
+    rng = rng or random
     centroids = x[torch.randperm(n, generator=generator)[:k].to(x.device)]
-    mass = torch.zeros(k, dtype=x.dtype, device=x.device)
+    weights_sum = torch.zeros(k, dtype=x.dtype, device=x.device)
     for _ in range(iters):
-        labels = torch.cdist(x, centroids, compute_mode="donot_use_mm_for_euclid_dist").argmin(dim=1)
-        member = F.one_hot(labels, k).to(x.dtype) * weights[:, None]  # (N, k)
-        mass = member.sum(dim=0)
-        new = centroids.clone()
-        filled = mass > 0
-        new[filled] = (member.T @ x)[filled] / mass[filled, None]
-        empty = int((~filled).sum())
+        labels = ((x[:, None] - centroids[None]) ** 2).sum(dim=2).sqrt().argmin(dim=1)
+        weighted_sum = torch.zeros_like(centroids)
+        weights_sum = torch.zeros(k, dtype=x.dtype, device=x.device)
+        for j in range(k):
+            member = labels == j
+            weighted_sum[j] = torch.sum(weights[member, None] * x[member], dim=0)
+            weights_sum[j] = torch.sum(weights[member])
+        filled = weights_sum > 0
+        new = torch.zeros_like(weighted_sum)
+        new[filled] = weighted_sum[filled] / weights_sum[filled, None]
+        empty = k - int(filled.sum())
         if empty:
-            new[~filled] = x[torch.randint(n, (empty,), generator=generator).to(x.device)]
-        shift = (new - centroids).norm(dim=1).sum()
-        centroids = new
-        if shift < tol:
+            new[~filled] = torch.stack([x[rng.randint(0, n - 1)] for _ in range(empty)])
+        if torch.norm(centroids - new, dim=1).sum() < tol:
             break
-    return centroids, mass
+        centroids = new
+    return centroids, weights_sum
 
 
 def dot_product_weights(memory: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
@@ -119,6 +139,8 @@ class StarMemory:
     """STAR memory for one stream: `update` with each frame's (P, D) patch features, `readout` before a question."""
 
     def __init__(self, config: StarConfig = StarConfig(), attention: AttentionWeights | None = None, seed: int = 0):
+        if config.retrieval not in ("original", "nearest"):
+            raise ValueError(f"retrieval must be 'original' or 'nearest', got {config.retrieval!r}")
         self.config = config
         self.attention = attention or dot_product_weights
         self.seed = seed
@@ -126,11 +148,14 @@ class StarMemory:
 
     def reset(self) -> None:
         self.frames = 0
-        self.generator = torch.Generator().manual_seed(self.seed)
+        self.generator = torch.Generator().manual_seed(self.seed)  # k-means starts (their torch.randperm)
+        self.rng = random.Random(self.seed)  # empty-cluster re-seeding (their random.randint)
         self.spatial: deque[torch.Tensor] = deque(maxlen=self.config.spatial_length)
         self.centroids: torch.Tensor | None = None  # (K, t², D) temporal memory
-        self.weights: torch.Tensor | None = None  # (K,) frames merged into each centroid
-        self.keys: torch.Tensor | None = None  # (K, s², D) each centroid's representative frame, fine tokens
+        self.weights: torch.Tensor | None = None  # (K,) weight of each centroid (unit-weight counts by default)
+        self.key_rows: torch.Tensor | None = None  # (k, s², D) retrieved frames, fine tokens ("original")
+        self.buffer: list[torch.Tensor] = []  # fine tokens of the frames "original" retrieval can reach
+        self.keys: torch.Tensor | None = None  # (K, s², D) each centroid's representative frame ("nearest")
         self.key_coarse: torch.Tensor | None = None  # (K, t², D) the same frames, pooled like the centroids
         self.abstract: torch.Tensor | None = None  # (A, a², D)
 
@@ -142,6 +167,8 @@ class StarMemory:
         cfg = self.config
         fine = pool_grid(patches.float(), cfg.spatial_size)
         self.spatial.append(fine)
+        if len(self.buffer) <= cfg.temporal_length:
+            self.buffer.append(fine)
         self._update_temporal(fine, pool_grid(fine, cfg.temporal_size))
         self._update_abstract(pool_grid(fine, cfg.abstract_size))
         self.frames += 1
@@ -154,19 +181,31 @@ class StarMemory:
     def _update_temporal(self, fine: torch.Tensor, coarse: torch.Tensor) -> None:
         cfg = self.config
         one = torch.ones(1, dtype=coarse.dtype, device=coarse.device)
-        points = _append(self.centroids, coarse)
-        keys, key_coarse = _append(self.keys, fine), _append(self.key_coarse, coarse)
-        weights = one if self.weights is None else torch.cat([self.weights if cfg.carry_weights
-                                                              else torch.ones_like(self.weights), one])
-        if points.shape[0] <= cfg.temporal_length:
-            self.centroids, self.weights, self.keys, self.key_coarse = points, weights, keys, key_coarse
+        if self.centroids is None:  # first frame: nothing to retrieve from yet
+            self.centroids, self.weights = coarse[None], one
+            self.keys, self.key_coarse = fine[None], coarse[None]
             return
-        centroids, mass = weighted_kmeans(points.flatten(1), weights, cfg.temporal_length, cfg.kmeans_iters,
-                                          cfg.kmeans_tol, self.generator)
-        nearest = torch.cdist(centroids, key_coarse.flatten(1), compute_mode="donot_use_mm_for_euclid_dist")
-        pick = nearest.argmin(dim=1)
-        self.centroids, self.weights = centroids.view(-1, *coarse.shape), mass
-        self.keys, self.key_coarse = keys[pick], key_coarse[pick]
+        points = _append(self.centroids, coarse)
+        weights = torch.cat([self.weights if cfg.carry_weights else torch.ones_like(self.weights), one])
+        keys, key_coarse = _append(self.keys, fine), _append(self.key_coarse, coarse)
+        if points.shape[0] <= cfg.temporal_length:
+            centroids, mass, pick = points, weights, None
+        else:
+            flat, mass = weighted_kmeans(points.flatten(1), weights, cfg.temporal_length, cfg.kmeans_iters,
+                                         cfg.kmeans_tol, self.generator, self.rng)
+            centroids = flat.view(-1, *coarse.shape)
+            pick = torch.cdist(flat, key_coarse.flatten(1), compute_mode="donot_use_mm_for_euclid_dist").argmin(dim=1)
+        if cfg.retrieval == "original":
+            self.key_rows = self._their_key_frames(points, mass)
+        self.centroids, self.weights = centroids, mass
+        self.keys, self.key_coarse = (keys, key_coarse) if pick is None else (keys[pick], key_coarse[pick])
+
+    def _their_key_frames(self, points: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """`embed_video_streaming`'s retrieval: cluster ids sorted by weight index the pre-clustering rows."""
+        order = torch.argsort(weight, descending=True)
+        key_centroids = points[order][: self.config.retrieved]
+        dists = ((points.unsqueeze(1) - key_centroids.unsqueeze(0)) ** 2).sum(dim=3).sum(dim=2).sqrt()
+        return torch.stack([self.buffer[i] for i in torch.argmin(dists, dim=0).tolist()])
 
     def _update_abstract(self, token: torch.Tensor) -> None:
         """Their `attention`: each slot moves toward the new tokens by its attention weight × update_ratio."""
@@ -183,12 +222,15 @@ class StarMemory:
     # --- read-out ------------------------------------------------------------------------------
 
     def retrieved(self) -> torch.Tensor:
-        """(k, s², D): representative frames of the heaviest centroids, heaviest first.
+        """(k, s², D): the key frames ("original": as their loop picks them; "nearest": representative frames
+        of the heaviest centroids, heaviest first).
 
         Empty until a second frame arrives: their loop retrieves only once it has an old memory.
         """
         if self.frames < 2:
             return self.keys[:0] if self.keys is not None else torch.empty(0)
+        if self.config.retrieval == "original":
+            return self.key_rows
         order = torch.sort(self.weights, descending=True, stable=True).indices[: self.config.retrieved]
         return self.keys[order]
 
