@@ -143,6 +143,7 @@ class FolderLock:
 
     def __init__(self, folder: Path, name: str = "lock"):
         self.path, self.fd = Path(folder) / name, None
+        self.why = ""  # why the folder cannot be written, when `acquire` says so
 
     def acquire(self) -> bool:
         try:
@@ -151,6 +152,7 @@ class FolderLock:
         except OSError as err:
             if err.errno not in READ_ONLY + DISK_FULL:
                 raise
+            self.why = why(err)
             try:  # a read-only folder: a lock file already there still keeps writers and readers apart
                 fd, writable = os.open(self.path, os.O_RDONLY), False
             except OSError:

@@ -62,7 +62,7 @@ class SessionDir:
         if not writable:
             self.saving = dict.fromkeys(self.saving, False)
             if self.path.exists():
-                self.warn(f"{option} {path}: the folder cannot be written (read-only disk or no permission); "
+                self.warn(f"{option} {path}: the folder cannot be written ({self._lock.why or 'read-only'}); "
                           f"running read-only: answers are printed, nothing new is saved")
         elif resume:
             self._mend_transcript()
