@@ -6,13 +6,16 @@ a small summary for scoring: per layer and KV head, `r` representative keys with
 Summaries always stay in RAM; the KV lives in a RAM tier with a byte cap and, when the store has a
 folder, in safetensors files written through on arrival (atomic rename, SHA-256 checked on load),
 so a session survives a restart. Both tiers drop their least recently used spans past their caps;
-a disk that fills up degrades the store to RAM only, with one warning.
+a disk that fills up (or turns read-only) degrades the store to RAM only, with one warning.
+
+One process writes a store folder at a time (a lock, `diskio.FolderLock`; a folder that cannot be
+written is opened read-only). The index is crash-safe (`store_index`): a torn or damaged record is
+cut off with one warning, span files without a good record are re-indexed from their own metadata,
+and span ids are never reused, even for spans that were dropped.
 """
 
-import errno
 import hashlib
 import json
-import os
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -22,6 +25,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load, save
 
+from . import diskio, store_index
 from .budget import parse_bytes
 
 
@@ -51,14 +55,17 @@ class SpanStore:
     INDEX = "index.jsonl"
 
     def __init__(self, folder: str | Path | None = None, ram_bytes="1GiB", disk_bytes="8GiB"):
+        """A folder that cannot be created or written is read (if it holds spans) but never written: new
+        spans stay in RAM, with one warning. A folder another live process has open raises `FolderBusy`."""
         self.ram_cap, self.disk_cap = _size(ram_bytes), _size(disk_bytes)
         self.folder = Path(folder) if folder is not None else None
         self.spans: OrderedDict[int, Span] = OrderedDict()  # every known span, least recently used first
         self.on_disk: dict[int, tuple[str, str, int]] = {}  # id -> (file, sha256, bytes)
         self._summaries: tuple[list[int], torch.Tensor] | None = None
+        self._next_id = 0  # above every id the folder ever indexed: ids are never reused
+        self.writable, self._lock, self._index = False, None, None
         if self.folder is not None:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            self._read_index()
+            self._open_folder()
 
     # --- adding and reading ---------------------------------------------------------------------
 
@@ -87,8 +94,8 @@ class SpanStore:
         self.spans.pop(span_id, None)
         self._summaries = None
         entry = self.on_disk.pop(span_id, None)
-        if entry is not None and self.folder is not None:
-            (self.folder / entry[0]).unlink(missing_ok=True)
+        if entry is not None:
+            self._forget(span_id, entry[0])
 
     def summaries(self) -> tuple[list[int], torch.Tensor | None]:
         """Ids and their stacked summaries (N, layers, Hkv, r, d), in id order."""
@@ -136,38 +143,54 @@ class SpanStore:
                 if self.spans[span_id].keys is None:
                     self.drop(span_id)
                 else:  # stays in RAM only
-                    entry = self.on_disk.pop(span_id)
-                    (self.folder / entry[0]).unlink(missing_ok=True)
+                    self._forget(span_id, self.on_disk.pop(span_id)[0])
 
     # --- disk tier ------------------------------------------------------------------------------
 
     def _write(self, span: Span) -> None:
+        if not self.writable:
+            return
         name = f"span_{span.id:08d}.safetensors"
         data = save({"keys": span.keys.contiguous(), "values": span.values.contiguous(),
                      "summary": span.summary.contiguous()},
                     metadata={"meta": json.dumps(span.meta), "length": str(span.length), "id": str(span.id)})
         digest = hashlib.sha256(data).hexdigest()
-        tmp = self.folder / (name + ".tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.folder / name)
-            with open(self.folder / self.INDEX, "a") as f:
-                f.write(json.dumps({"id": span.id, "file": name, "sha256": digest, "bytes": len(data)}) + "\n")
-                f.flush()
-        except OSError as err:
-            tmp.unlink(missing_ok=True)
-            why = "the disk is full" if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else str(err)
-            warnings.warn(f"span store: {why}; keeping spans in RAM only from now on", stacklevel=3)
-            self.folder = None
+            diskio.write_atomic(self.folder / name, data)
+            self._index.append(store_index.encode({"id": span.id, "file": name, "sha256": digest,
+                                                   "bytes": len(data)}))
+        except OSError as err:  # a file without its record is re-indexed when the folder is reopened
+            self._stop_writing(f"{diskio.why(err)} ({self.folder})")
             return
         self.on_disk[span.id] = (name, digest, len(data))
 
+    def _forget(self, span_id: int, name: str) -> None:
+        """A span's file leaves the disk: first a tombstone record, which keeps its id from being reused and
+        its file from being re-indexed, then the file."""
+        if not self.writable:
+            return
+        try:
+            self._index.append(store_index.encode(store_index.tombstone(span_id, name)))
+            diskio.remove(self.folder / name)
+        except OSError as err:
+            self._stop_writing(diskio.why(err))
+
+    def _stop_writing(self, why: str) -> None:
+        warnings.warn(f"span store: {why}; new clips are kept in RAM only from now on (those already on disk "
+                      f"stay readable)", stacklevel=4)
+        self.writable = False
+
+    def close(self) -> None:
+        """Release the folder for another process (spans on disk stay readable through this store)."""
+        if self._index is not None:
+            self._index.close()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
     def _read(self, span_id: int) -> dict | None:
         name, digest, _ = self.on_disk.get(span_id, (None, None, 0))
-        if name is None or self.folder is None:
+        if name is None:
             self.drop(span_id)
             return None
         try:
@@ -180,27 +203,77 @@ class SpanStore:
             return None
         return load(data)
 
-    def _read_index(self) -> None:
-        """Reopen a store folder (resume): spans whose file checks out come back, others are dropped."""
-        index = self.folder / self.INDEX
-        if not index.exists():
+    def _open_folder(self) -> None:
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            warnings.warn(f"span store: cannot create {self.folder} ({diskio.why(err)}); clips are kept in RAM "
+                          f"only", stacklevel=4)
             return
-        for line in index.read_text().splitlines():
-            try:
-                entry = json.loads(line)
-            except ValueError:  # a line cut short by a kill: the span's file was never indexed
+        self._lock = diskio.FolderLock(self.folder)
+        self.writable = self._lock.acquire()
+        self._index = diskio.AppendLog(self.folder / self.INDEX)
+        try:
+            for tmp in self.folder.glob("*.tmp") if self.writable else []:  # a write a crash cut short
+                diskio.remove(tmp)
+        except OSError as err:
+            self._stop_writing(diskio.why(err))
+        self._read_index()
+        if not self.writable and self.folder.exists():
+            warnings.warn(f"span store: {self.folder} cannot be written (read-only disk or no permission); "
+                          f"its clips are read, new ones kept in RAM only", stacklevel=4)
+
+    def _read_index(self) -> None:
+        """Reopen a store folder (resume): spans whose file checks out come back, others are dropped. Bad
+        index records are cut off and span files without a good record re-indexed (one warning)."""
+        index = store_index.read(self.folder / self.INDEX)
+        records = {r["id"]: r for r in index.records}  # a later record of an id wins (a tombstone)
+        adopted = [self._adopt(i, name) for i, name in store_index.span_files(self.folder).items()
+                   if i not in records]
+        adopted = [r for r in adopted if r is not None]
+        self._next_id = max([index.max_id, *(r["id"] for r in adopted)]) + 1
+        for record in sorted([*records.values(), *adopted], key=lambda r: r["id"]):
+            if record.get("dropped"):
                 continue
-            self.on_disk[entry["id"]] = (entry["file"], entry["sha256"], entry["bytes"])
-            tensors = self._read(entry["id"])
+            self.on_disk[record["id"]] = (record["file"], record["sha256"], record["bytes"])
+            tensors = self._read(record["id"])
             if tensors is None:
                 continue
-            meta = json.loads(tensors_meta(self.folder / entry["file"]).get("meta", "{}"))
-            self.spans[entry["id"]] = Span(entry["id"], tensors["keys"].shape[2], tensors["summary"], meta)
+            meta = json.loads(tensors_meta(self.folder / record["file"]).get("meta", "{}"))
+            self.spans[record["id"]] = Span(record["id"], tensors["keys"].shape[2], tensors["summary"], meta)
+        if not index.clean or adopted:
+            self._repair_index(index, adopted)
         self._enforce()
+
+    def _adopt(self, span_id: int, name: str) -> dict | None:
+        """A whole span file the index does not list (its record was torn or damaged): its record rebuilt
+        from the file itself, if the file loads and names the same id."""
+        try:
+            data = (self.folder / name).read_bytes()
+            ok = tensors_meta(self.folder / name).get("id") == str(span_id) and "keys" in load(data)
+        except Exception:  # a damaged file: safetensors raises its own error types
+            ok = False
+        if not ok:
+            return None
+        return {"id": span_id, "file": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+    def _repair_index(self, index, adopted: list[dict]) -> None:
+        what = [f"{index.bad} damaged or torn record(s) cut off"] if index.bad else []
+        what += [f"{len(adopted)} span file(s) re-indexed from their own metadata"] if adopted else []
+        ids = sorted({r["id"]: r for r in [*index.records, *adopted]})  # every id ever used keeps a record
+        rows = [dict(zip(store_index.KEYS, (i, *self.on_disk[i]), strict=True)) if i in self.on_disk
+                else store_index.tombstone(i, f"span_{i:08d}.safetensors") for i in ids]
+        if self.writable:
+            try:
+                diskio.write_atomic(self.folder / self.INDEX, b"".join(map(store_index.encode, rows)))
+            except OSError as err:
+                self._stop_writing(f"the repaired index cannot be written ({diskio.why(err)})")
+        warnings.warn(f"span store: {self.folder / self.INDEX}: {'; '.join(what)} (a write cut short by a crash or a "
+                      f"full disk); {len(self.spans)} clip(s) readable", stacklevel=4)
 
     @property
     def next_id(self) -> int:
-        return max(self.spans, default=-1) + 1
+        return max(self._next_id, max(self.spans, default=-1) + 1)
 
 
 def tensors_meta(path: Path) -> dict:

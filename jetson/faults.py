@@ -4,17 +4,23 @@ A fault is raised from a decoder layer halfway through the forward pass, so the 
 already written their keys and values: what the session must roll back is really there. Kinds:
 `error` (a RuntimeError, once), `oom` (a simulated `torch.OutOfMemoryError`, on `times` attempts in a
 row: each retry is an attempt), and `bug` (a RuntimeError on every clip from the chosen one on).
+Disk kinds strike the session folder instead (`inf_mllm.diskio.hook`): `enospc` (the disk fills) and
+`erofs` (it turns read-only), from its AT-th write on (1-based; 1: from the start).
 
 `python -m jetson.faults KIND AT [TIMES] -- STREAM-QA ARGS` runs `stream-qa` with the fault in place
 (the reliability table does this, one process per case).
 """
 
+import errno
+import os
 import sys
 from contextlib import contextmanager
 
+from inf_mllm import diskio
 from streaming.cli import main as stream_qa
 
-KINDS = ("error", "oom", "bug")
+DISK_KINDS = {"enospc": errno.ENOSPC, "erofs": errno.EROFS}
+KINDS = ("error", "oom", "bug", *DISK_KINDS)
 
 
 class InjectedFault(RuntimeError):
@@ -28,6 +34,10 @@ def inject(adapter, kind: str, at: int, times: int = 1):
 
     if kind not in KINDS:
         raise ValueError(f"fault kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind in DISK_KINDS:
+        with disk_fault(DISK_KINDS[kind], at) as state:
+            yield state
+        return
     layers = adapter.model.model.layers
     state = {"calls": 0, "armed": False, "raised": 0}
 
@@ -59,13 +69,34 @@ def inject(adapter, kind: str, at: int, times: int = 1):
         del adapter.append_clip
 
 
+@contextmanager
+def disk_fault(code: int, at: int):
+    """Every write of the session folder from the `at`-th on (1-based) fails with `code` (ENOSPC, EROFS)."""
+    state = {"calls": 0, "raised": 0}
+
+    def hook(op, path, fd, data):
+        state["calls"] += 1
+        if state["calls"] >= at:
+            state["raised"] += 1
+            raise OSError(code, os.strerror(code), path)
+
+    previous, diskio.hook = diskio.hook, hook
+    try:
+        yield state
+    finally:
+        diskio.hook = previous
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv or len(argv[:argv.index("--")]) not in (2, 3):
-        print("usage: python -m jetson.faults error|oom|bug AT [TIMES] -- STREAM-QA ARGS", file=sys.stderr)
+        print(f"usage: python -m jetson.faults {'|'.join(KINDS)} AT [TIMES] -- STREAM-QA ARGS", file=sys.stderr)
         return 2
     head, rest = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     kind, at, times = head[0], int(head[1]), int(head[2]) if len(head) == 3 else 1
+    if kind in DISK_KINDS:  # the disk is faulty from the start: the session folder is opened before the model loads
+        with disk_fault(DISK_KINDS[kind], at):
+            return stream_qa(rest)
     import models  # loads torch: only once the usage is right
 
     real = models.load_adapter

@@ -109,8 +109,10 @@ class VideoAdapter(ABC):
         """Tokens `question` takes as a question turn."""
         return len(self.text_ids(self.question_text(question))[0])
 
-    def new_session(self, policy: PolicySpec | str = "inf_mllm", budget=None, **options) -> StreamSession:
-        session = StreamSession(self.model, self.tokenizer, as_spec(policy, **options), budget=budget)
+    def new_session(self, policy: PolicySpec | str = "inf_mllm", budget=None, store=None, **options) -> StreamSession:
+        """`store`: the span store of a policy with recall (a `SpanStore` or a folder; a session folder's), not a
+        policy option."""
+        session = StreamSession(self.model, self.tokenizer, as_spec(policy, **options), budget=budget, store=store)
         session.append(self.system_ids(), store=False)
         return session
 

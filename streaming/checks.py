@@ -9,6 +9,7 @@ import datetime
 import math
 import os
 import re
+import signal
 import sys
 import tempfile
 import traceback
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from inf_mllm.spec import parse_budget
 
-from .errors import ConfigError
+from .errors import ConfigError, OutputError
 
 EXIT_BUG, EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED = 1, 2, 141, 130
 MAX_NEW_TOKENS = 4096
@@ -54,6 +55,25 @@ def check_args(args) -> None:
     check_budget(args.budget)
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
         raise ConfigError(f"--device must be cpu, cuda, cuda:N or mps, got {args.device!r}")
+
+
+def check_output_file(option: str, path: str) -> None:
+    """A file stream-qa will write: its folder must exist and be a folder, known before the model loads."""
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise ConfigError(f"{option} {path}: the folder {folder} does not exist" if not folder.exists() else
+                          f"{option} {path}: {folder} is not a folder")
+    if Path(path).is_dir():
+        raise ConfigError(f"{option} {path} is a folder: give a file name")
+
+
+def check_context(budget: int, headroom: int, context: int) -> None:
+    """A budget whose cache, with one clip turn, a question and an answer on top (`headroom`), would run past the
+    positions the model was trained on: refused, with the largest budget that fits."""
+    if budget + headroom > context:
+        raise ConfigError(f"budget of {budget:,} tokens per layer runs past the model's context of {context:,} "
+                          f"positions once a clip turn, a question and an answer are added ({headroom} tokens): "
+                          f"use --budget {max(context - headroom, 1)} or less")
 
 
 def check_device(device: str) -> None:
@@ -108,3 +128,87 @@ def detach_stdout() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+class CheckedStdout:
+    """stdout for the answers: a write that fails for lack of space or a dead device is one user-facing line
+    (`OutputError`), not an internal error. A reader that left (EPIPE) stays a BrokenPipeError: exit 141."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def _fault(self, err: OSError) -> OutputError:
+        return OutputError(f"cannot write the answers to stdout ({err.strerror or err}); the answers given so far "
+                           f"are above (and in the session transcript with --session)")
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise self._fault(err) from err
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise self._fault(err) from err
+
+
+def checked_stdout() -> CheckedStdout:
+    """stdout, checked before the model loads: closed (`>&-`) or going to a full device is known now."""
+    import stat
+
+    try:
+        st = os.fstat(1)
+    except OSError:
+        st = None
+    if sys.stdout is None or st is None:
+        raise OutputError("stdout is closed (>&-): the answers have nowhere to go; redirect it to a file or "
+                          "/dev/null instead")
+    full = stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 7)  # /dev/full
+    if stat.S_ISREG(st.st_mode):
+        try:
+            vfs = os.fstatvfs(1)
+            full = vfs.f_bavail == 0 and vfs.f_blocks > 0
+        except OSError:
+            pass
+    if full:
+        raise OutputError("stdout goes to a full disk (no space left): the answers could not be written; free "
+                          "some space or write them elsewhere")
+    return CheckedStdout(sys.stdout)
+
+
+class Stopped(KeyboardInterrupt):
+    """A signal that ends the run like Ctrl-C (every answer given so far flushed); `signum` sets the exit status."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop(signum, frame):
+    raise Stopped(signum)
+
+
+# SIGHUP (the terminal closed) and SIGQUIT (Ctrl-backslash) end as 128 + their number; SIGTERM as Ctrl-C (130)
+STOP_STATUS = {signal.SIGTERM: EXIT_INTERRUPTED, signal.SIGHUP: 128 + signal.SIGHUP,
+               signal.SIGQUIT: 128 + signal.SIGQUIT}
+
+
+def stop_on_signals() -> None:
+    for signum in STOP_STATUS:
+        signal.signal(signum, _stop)
+
+
+def stop_status(stop: KeyboardInterrupt) -> int:
+    return STOP_STATUS.get(getattr(stop, "signum", None), EXIT_INTERRUPTED)
+
+
+def warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """`warnings.showwarning` for the CLI: a library's warning as the one line a user reads."""
+    print(f"warning: {one_line(message) if isinstance(message, BaseException) else message}", file=sys.stderr,
+          flush=True)

@@ -1,22 +1,36 @@
 """`stream-qa`: answer questions about a video file, webcam or stream while it plays, in bounded memory.
 
 Answers go to stdout (text, or JSON lines with --json), progress and telemetry to stderr. Bad input
-ends with one line on stderr and a non-zero exit; Ctrl-C or SIGTERM stops after flushing every
-answer already given.
+ends with one line on stderr and a non-zero exit; Ctrl-C, SIGTERM, SIGHUP or SIGQUIT stops after
+flushing every answer already given.
 """
 
 import argparse
 import json
-import signal
 import sys
+import warnings
 from argparse import Namespace
 
 from tqdm import tqdm
 
 from inf_mllm.spec import PolicySpec, Recall, parse_budget
 
-from .checks import EXIT_BROKEN_PIPE, EXIT_BUG, check_args, check_device, detach_stdout, one_line, write_bug_report
-from .errors import ConfigError, is_user_error
+from .checks import (
+    EXIT_BROKEN_PIPE,
+    EXIT_BUG,
+    check_args,
+    check_context,
+    check_device,
+    check_output_file,
+    checked_stdout,
+    detach_stdout,
+    one_line,
+    stop_on_signals,
+    stop_status,
+    warning_line,
+    write_bug_report,
+)
+from .errors import ConfigError, environment_fault, is_user_error
 from .memory import auto_budget_for, tune_allocator
 from .questions import (
     SAMPLE_QUESTION,
@@ -94,8 +108,12 @@ def open_session_dir(args):
         return None
     folder = SessionDir(args.session or args.resume, resume=bool(args.resume))
     if args.resume:
-        for key, value in folder.settings().items():
-            setattr(args, key, value)
+        parser = build_parser()
+        try:
+            folder.resume_args(args, {k: parser.get_default(k) for k in SESSION_SETTINGS})
+        except ConfigError:
+            folder.close()  # refused: the folder is free for the next try
+            raise
     return folder
 
 
@@ -135,7 +153,7 @@ def load_session(args, spec: PolicySpec, adapter, folder=None):
         budget, auto = auto_budget_for(adapter, args.max_new_tokens, args.device)
         print(f"stream-qa: --budget auto: {budget} tokens per layer ({auto.explain()})", file=sys.stderr)
     try:
-        store = {"store": str(folder.store_path)} if folder is not None else {}
+        store = {"store": folder.open_store()} if folder is not None else {}
         session = adapter.new_session(spec, budget=budget, **store)
     except ValueError as err:  # the policy refuses these options (window larger than the budget, …)
         raise ConfigError(f"--policy {spec.policy_name}: {one_line(err)}") from err
@@ -145,34 +163,40 @@ def load_session(args, spec: PolicySpec, adapter, folder=None):
         if min(budgets) < need:
             raise UsageError(f"budget of {min(budgets)} tokens per layer cannot hold one clip turn and a question "
                              f"({need} tokens): raise --budget")
+        check_context(max(budgets), need + args.max_new_tokens, adapter.describe().context_length)
     return session
-
-
-def _interrupt(signum, frame):
-    """SIGTERM stops like Ctrl-C: the answers written so far stay whole."""
-    raise KeyboardInterrupt
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_signals()  # SIGTERM, SIGHUP, SIGQUIT: like Ctrl-C
     tune_allocator()  # a stream runs for hours: freed tensor memory goes back to the OS
-    out = sys.stdout
+    with warnings.catch_warnings():
+        warnings.showwarning = warning_line  # the store's "disk full" as one line
+        return _main(args, argv)
+
+
+def _main(args, argv) -> int:
     try:
+        out = checked_stdout()  # before anything opens a file: a closed fd 1 would be handed to it
         return _run(args, out)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         try:
-            out.flush()
-        except BrokenPipeError:
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError, ValueError, AttributeError):
             detach_stdout()
         print("stream-qa: stopped; every answer given so far is above", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return stop_status(stop)
     except BrokenPipeError:  # the reader left (`stream-qa … | head -1`): stop quietly, as a pipe stage does
         detach_stdout()
         return EXIT_BROKEN_PIPE
     except Exception as err:
         if is_user_error(err):  # bad input or set-up (AssetError included): one line
             print(f"stream-qa: {one_line(err)}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        fault = environment_fault(err)
+        if fault:  # a disk, permission or file fault of this machine: one line, and not called a bug
+            print(f"stream-qa: {fault}", file=sys.stderr)
             return EXIT_BAD_INPUT
         path = write_bug_report(err, "stream-qa", argv)  # anything else is ours: keep the traceback
         print(f"stream-qa: internal error ({type(err).__name__}: {one_line(err)[:200]}); this is a bug, "
@@ -216,7 +240,7 @@ def _run(args, out) -> int:
     if folder is not None and args.resume:
         resume_at = folder.resume_point(session.store)
         restored = session.restore()
-        qs = [q for q in qs if q.at is None or q.at >= resume_at[1]]  # those before were asked already
+        qs = folder.pending(qs, resume_at[1])  # those before it: asked now unless the transcript has them
         print(f"stream-qa: resuming after clip {resume_at[0]} ({resume_at[1]:.1f} s of video): {len(session.store)} "
               f"clips stored, the last {len(restored)} back in the cache, {len(folder.answered())} answers so far",
               file=sys.stderr)
@@ -261,7 +285,7 @@ def _run(args, out) -> int:
         if isinstance(schedule, StdinQuestions):
             schedule.close()
         if folder is not None:
-            folder.close()
+            folder.close(session.store)
     return 0
 
 
@@ -273,6 +297,7 @@ def soak_plan(args) -> tuple[int | None, float | None] | None:
         raise UsageError("--soak asks --question every --every of video; --ask and --questions do not apply")
     if not (args.soak_sample >= 0 and args.soak_sample < float("inf")):
         raise UsageError(f"--soak-sample must be a number of seconds ≥ 0, got {args.soak_sample}")
+    check_output_file("--soak-log", args.soak_log)
     return parse_soak(args.soak)
 
 

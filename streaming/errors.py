@@ -7,6 +7,8 @@ counts as a user error too: it lives below `streaming` and cannot subclass `User
 making this module pull in torch, so `is_user_error` recognises it by class once it is loaded.
 """
 
+import errno
+import os
 import sys
 
 
@@ -18,8 +20,33 @@ class ConfigError(UserError):
     """A configuration value that cannot work (budget, fps, clip length, policy options, device)."""
 
 
+class OutputError(UserError):
+    """stdout cannot take the answers: closed (`>&-`), on a full disk, or failing mid-run."""
+
+
 def is_user_error(err: BaseException) -> bool:
     if isinstance(err, UserError):
         return True
     loader = sys.modules.get("inf_mllm.loader")  # only raised once loaded, so never imported here
-    return loader is not None and isinstance(err, loader.AssetError)
+    diskio = sys.modules.get("inf_mllm.diskio")  # FolderBusy: another process writes the folder
+    return (loader is not None and isinstance(err, loader.AssetError)) or (
+        diskio is not None and isinstance(err, diskio.FolderBusy))
+
+
+# errors of the machine, not of the program: a full or read-only disk, permissions, a file gone, no descriptors
+ENVIRONMENT = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
+               errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EMFILE, errno.ENFILE, errno.ENXIO, errno.ESTALE}
+
+
+def environment_fault(err: BaseException) -> str | None:
+    """One line for an error whose cause is this machine's disk or files (the OSError itself, or the one it
+    was raised from), else None. ENOENT counts only with a file name: a path that vanished, not a lookup."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in ENVIRONMENT and (err.errno != errno.ENOENT or err.filename):
+            where = f" ({err.filename})" if err.filename else ""
+            return (f"{err.strerror or os.strerror(err.errno)}{where}: a fault of this machine's disk or files, not of "
+                    f"stream-qa or your input; fix it (space, permissions, the path) and run again")
+        err = err.__cause__ or err.__context__
+    return None

@@ -2,49 +2,141 @@
 
 DIR/session.json holds the settings the session was started with (source, model, policy, budget,
 sampling), written once; DIR/store/ is the span store (every clip turn, written through as it
-arrives); DIR/transcript.jsonl gets one JSON line per answer, flushed at once, so a `kill -9` loses
-nothing already answered. Resuming reopens the store (files whose checksum fails are dropped),
-rebuilds the cache from its newest turns, and continues the video after the last stored clip:
-questions about clips from before the restart are answered by recall.
+arrives); DIR/transcript.jsonl gets one JSON line per answer, written and fsynced before the answer
+is printed, so a crash loses nothing already answered. Resuming reopens the store (files whose
+checksum fails are dropped), rebuilds the cache from its newest turns, and continues the video after
+the last stored clip: questions about clips from before the restart are answered by recall.
+
+One writer at a time: opening takes DIR/lock (`inf_mllm.diskio.FolderLock`); a second stream-qa on the
+same folder is refused in one line naming the holder's pid, and a lock left by a dead process is
+taken over. Disk faults never stop the answers: a folder that cannot be written (read-only disk, no
+permission, full) is resumed read-only, and a write that fails mid-run (ENOSPC, EROFS) costs what it
+would have saved, with one warning saying what is no longer saved; the answers go on on stdout.
 """
 
 import json
-import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
+
+from inf_mllm import diskio
 
 from .errors import ConfigError
 
 SETTINGS, TRANSCRIPT, STORE = "session.json", "transcript.jsonl", "store"
+_NUMBER, _TEXT = (int, float), (str,)
+# what each setting must be when read back (a hand-edited "fps": "2" is refused before the model loads)
+TYPES = {"video": _TEXT + (type(None),), "webcam": (int, type(None)), "url": _TEXT + (type(None),), "fps": _NUMBER,
+         "clip_seconds": _NUMBER, "fast": (bool,), "loop": (int,), "model": (list,), "policy": _TEXT,
+         "budget": _TEXT + (int,), "bias": _NUMBER + (type(None),), "window": (int, type(None)),
+         "max_new_tokens": (int,), "device": _TEXT}
+
+
+def _warn(text: str) -> None:
+    print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
 class SessionDir:
-    def __init__(self, path: str | Path, resume: bool):
-        self.path = Path(path)
+    def __init__(self, path: str | Path, resume: bool, warn: Callable[[str], None] = _warn):
+        self.path, self.resume, self.warn = Path(path), resume, warn
+        option = "--resume" if resume else "--session"
         settings = self.path / SETTINGS
         if resume and not settings.exists():
             raise ConfigError(f"--resume {path}: no session there (no {SETTINGS}); start one with --session")
         if not resume and settings.exists():
             raise ConfigError(f"--session {path}: a session is already there; continue it with --resume {path}")
+        self._transcript = diskio.AppendLog(self.path / TRANSCRIPT)
+        self._lock = diskio.FolderLock(self.path)
+        self.saving = {"settings": not resume, "transcript": True}
         try:
-            (self.path / STORE).mkdir(parents=True, exist_ok=True)
+            self.path.mkdir(parents=True, exist_ok=True)
+            writable = self._lock.acquire()
+        except diskio.FolderBusy as err:
+            who = f"another stream-qa (pid {err.pid})" if err.pid else "another stream-qa"
+            raise ConfigError(f"{option} {path}: {who} is writing this session; one writer at a time: wait for it "
+                              f"to end or stop it") from None
         except OSError as err:
-            raise ConfigError(f"--session {path}: cannot create the folder ({err.strerror})") from err
-        self._transcript = None
+            writable = False
+            self.warn(f"{option} {path}: cannot create the folder ({diskio.why(err)}); nothing of this session is "
+                      f"saved, the answers are still printed")
+        if not writable:
+            self.saving = dict.fromkeys(self.saving, False)
+            if self.path.exists():
+                self.warn(f"{option} {path}: the folder cannot be written ({'read-only disk or no permission'}); "
+                          f"running read-only: answers are printed, nothing new is saved")
+        elif resume:
+            self._mend_transcript()
 
     @property
     def store_path(self) -> Path:
         return self.path / STORE
 
+    def open_store(self):
+        """The span store in DIR/store/ (after the model loads: it brings torch). A folder already reported
+        as not writable is not reported again by the store."""
+        import warnings
+
+        from inf_mllm.store import SpanStore
+
+        if not self.path.exists():
+            return SpanStore()
+        with warnings.catch_warnings():
+            if not self.saving["transcript"]:  # said once already, when the folder was opened
+                warnings.filterwarnings("ignore", message="span store: .*(cannot be written|cannot create)")
+            return SpanStore(self.store_path)
+
     def settings(self) -> dict:
         try:
-            return json.loads((self.path / SETTINGS).read_text())
+            settings = json.loads((self.path / SETTINGS).read_bytes().decode("utf-8"))
         except (OSError, ValueError) as err:
             raise ConfigError(f"--resume {self.path}: {SETTINGS} cannot be read ({err})") from err
+        if not isinstance(settings, dict):
+            raise ConfigError(f"--resume {self.path}: {SETTINGS} is not a JSON object of settings")
+        for key, value in settings.items():
+            kinds = TYPES.get(key)
+            if kinds is not None and (not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)):
+                raise ConfigError(f"--resume {self.path}: {SETTINGS}: {key!r} cannot be {json.dumps(value)} "
+                                  f"(edited by hand?); expected {' or '.join(k.__name__ for k in kinds)}")
+        if not all(isinstance(m, str) for m in settings.get("model", [])):
+            raise ConfigError(f"--resume {self.path}: {SETTINGS}: 'model' must be a list of strings")
+        return {k: v for k, v in settings.items() if k in TYPES}
 
     def save_settings(self, settings: dict) -> None:
-        tmp = self.path / (SETTINGS + ".tmp")
-        tmp.write_text(json.dumps(settings, indent=1))
-        os.replace(tmp, self.path / SETTINGS)
+        if not self.saving["settings"]:
+            return
+        try:
+            diskio.write_atomic(self.path / SETTINGS, json.dumps(settings, indent=1).encode())
+        except OSError as err:
+            self.saving["settings"] = False
+            self.warn(f"--session {self.path}: {SETTINGS} cannot be written ({diskio.why(err)}); this session cannot "
+                      f"be resumed, the answers are still printed")
+
+    def resume_args(self, args, defaults: dict) -> None:
+        """Complete `args` from the settings the session started with. An option the user gave that differs
+        from them is refused rather than silently ignored (the store's clips were made with those settings)."""
+        settings = self.settings()
+        given = [k for k, v in settings.items() if getattr(args, k, None) not in (defaults.get(k), v)]
+        if given:
+            names = ", ".join(f"--{k.replace('_', '-')}" if k != "video" else "the video" for k in given)
+            raise ConfigError(f"--resume {self.path} continues with the settings the session started with; {names} "
+                              f"differ{'s' if len(given) == 1 else ''} from them: leave "
+                              f"{'it' if len(given) == 1 else 'them'} out, or start a new --session")
+        for key, value in settings.items():
+            setattr(args, key, value)
+
+    def pending(self, questions: list, resume_at: float) -> list:
+        """The questions a resumed run asks: those timed before the resume point that the transcript does not hold
+        yet are asked at once (answered from the stored clips), with one line saying so; those it holds are not
+        asked twice."""
+        from .questions import Question
+
+        done = {row.get("question") for row in self.answered()}
+        late = [q for q in questions if q.at is not None and q.at < resume_at]
+        asked = [q for q in late if q.text not in done]
+        if asked:
+            self.warn(f"{len(asked)} question(s) timed before the resume point ({resume_at:.1f} s of video) are asked "
+                      f"now, from the stored clips")
+        return [Question(q.text) for q in asked] + [q for q in questions if q not in late]
 
     def resume_point(self, store) -> tuple[int, float]:
         """(clips already in the store, video time they cover): where the stream goes on."""
@@ -55,22 +147,47 @@ class SessionDir:
         return int(last["clip"]), float(last.get("end", last.get("start", 0.0)))
 
     def answered(self) -> list[dict]:
-        """The answers already in the transcript (a line cut short by a kill is skipped)."""
+        """The answers already in the transcript (a line cut short by a crash is skipped)."""
         path = self.path / TRANSCRIPT
         rows = []
-        for line in path.read_text().splitlines() if path.exists() else []:
+        for line in path.read_bytes().split(b"\n") if path.exists() else []:
             try:
-                rows.append(json.loads(line))
+                rows.append(json.loads(line.decode("utf-8")))
             except ValueError:
                 continue
         return rows
 
-    def write_answer(self, row: dict) -> None:
-        if self._transcript is None:
-            self._transcript = open(self.path / TRANSCRIPT, "a", encoding="utf-8")
-        self._transcript.write(json.dumps(row) + "\n")
-        self._transcript.flush()
+    def _mend_transcript(self) -> None:
+        """A transcript whose last line a crash cut short is cut back to its last whole line, so the next
+        answer starts on a line of its own."""
+        path = self.path / TRANSCRIPT
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        if data and not data.endswith(b"\n"):
+            try:
+                diskio.truncate(path, data.rfind(b"\n") + 1)
+            except OSError as err:
+                self._stop("transcript", err)
 
-    def close(self) -> None:
-        if self._transcript is not None:
-            self._transcript.close()
+    def write_answer(self, row: dict) -> None:
+        """One JSON line, on disk before the answer is printed; a disk fault stops the saving, not the answers."""
+        if not self.saving["transcript"]:
+            return
+        try:
+            self._transcript.append((json.dumps(row) + "\n").encode())
+        except OSError as err:
+            self._stop("transcript", err)
+
+    def _stop(self, what: str, err: OSError) -> None:
+        self.saving[what] = False
+        self.warn(f"session {self.path}: {TRANSCRIPT} cannot be written ({diskio.why(err)}); answers from now on "
+                  f"are printed but not saved")
+
+    def close(self, store=None) -> None:
+        """Release the folder (and its store's lock) for the next writer."""
+        self._transcript.close()
+        if store is not None:
+            store.close()
+        self._lock.release()

@@ -3,12 +3,20 @@
 Every source yields `Frame`s sampled at a chosen rate (default 1 fps) with their video time, either
 as fast as they decode or paced to the video's own clock. A source that cannot deliver a first
 frame fails with one `SourceError` line; so does a file that breaks off before its stated end.
+
+A URL that serves a file (it states a frame count: HTTP, an RTSP replay) follows the video's own
+timestamps, paced to real time unless --fast, so "@60s" means 60 s of video however fast it
+downloads; a live stream (no frame count) and a webcam run on the wall clock. A pipe (/dev/stdin,
+a FIFO) is read to its end into a temporary file first, then played as the video it carries.
 """
 
 import importlib.util
 import math
 import os
+import shutil
+import stat
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -89,6 +97,10 @@ class FileSource:
             raise SourceError(f"no such video file: {self.path}")
         if self.path.is_dir():
             raise SourceError(f"{self.path} is a folder, not a video file")
+        mode = self.path.stat().st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode):
+            self._spool = self._read_pipe()  # kept open: the temporary file lives as long as the source
+            self.path = Path(self._spool.name)
         if self.path.stat().st_size == 0:
             raise SourceError(f"{self.path} is empty (0 bytes): it holds no video frames")
         if not (math.isfinite(fps) and fps > 0):
@@ -103,6 +115,17 @@ class FileSource:
         if self.count <= 0:
             raise SourceError(f"{self.path} holds no video frames")
         self.duration = self.count / self.native_fps
+
+    def _read_pipe(self):
+        """A pipe cannot seek, and a video's index may sit at its end: the pipe is read to its end first."""
+        print(f"stream-qa: reading the video from {self.path} to its end first (a pipe)", file=sys.stderr)
+        spool = tempfile.NamedTemporaryFile(prefix="stream-qa-pipe-", suffix=".video")
+        with open(self.path, "rb") as pipe:
+            shutil.copyfileobj(pipe, spool, 1 << 20)
+        spool.flush()
+        if spool.tell() == 0:
+            raise SourceError(f"{self.path} is a pipe that carried no data (0 bytes): nothing was written to it")
+        return spool
 
     def _probe(self) -> tuple[float, int]:
         """(native fps, frame count), choosing the reader: decord unless its frames or its count are
@@ -181,6 +204,9 @@ class FileSource:
         indices = self.sample_indices()
         start = time.monotonic()
         for loop in range(self.loops):
+            if loop and not self.path.exists():  # each pass opens the file again
+                raise SourceError(f"{self.path} was deleted or moved while it played (after {loop} of {self.loops} "
+                                  f"passes): the stream ends here")
             if loop and self._decord is not None:
                 # decord's reader keeps memory from every seek (about 3.5 KB a frame read, measured): a fresh
                 # reader for each pass keeps a looped run flat for hours
@@ -208,15 +234,18 @@ def _opencv_count(path: Path) -> int | None:
 
 
 class CaptureSource:
-    """A webcam index or a stream URL (RTSP, HTTP), sampled at `fps` on the wall clock.
+    """A webcam index or a stream URL (RTSP, HTTP), sampled at `fps`.
 
-    Live sources are paced by nature; `max_seconds` ends the stream (None: until the source ends).
+    Live sources run on the wall clock and are paced by nature. A URL that serves a file (it states a
+    frame count) runs on the video's own timestamps instead, paced to real time unless `realtime` is
+    False, and has a `duration`. `max_seconds` ends the stream (None: until the source ends).
     """
 
     live = True  # a camera cannot wait for the model: the engine drops clips it has no room for
 
-    def __init__(self, target: int | str, fps: float = 1.0, max_seconds: float | None = None):
-        self.target, self.fps, self.max_seconds = target, fps, max_seconds
+    def __init__(self, target: int | str, fps: float = 1.0, max_seconds: float | None = None, realtime: bool = True):
+        self.target, self.fps, self.max_seconds, self.realtime = target, fps, max_seconds, realtime
+        self.waited_s = 0.0  # time spent waiting for the video clock (a served file)
         what = f"webcam {target} (/dev/video{target})" if isinstance(target, int) else f"stream {target}"
         if not (math.isfinite(fps) and fps > 0):
             raise SourceError(f"sampling rate must be a positive number, got {fps}")
@@ -226,24 +255,47 @@ class CaptureSource:
             else:  # a stream that never answers fails after 10 s rather than hanging
                 self.cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, 10_000,
                                                                      cv2.CAP_PROP_READ_TIMEOUT_MSEC, 10_000])
-            ok = self.cap.isOpened() and self.cap.read()[0]
+            ok, self._first = self.cap.read() if self.cap.isOpened() else (False, None)
         if not self.cap.isOpened():
             raise SourceError(f"cannot open {what}: check that it exists and is not in use")
         if not ok:
             self.cap.release()
             raise SourceError(f"{what} opened but delivers no frames")
         self.what = what
+        count = self.cap.get(cv2.CAP_PROP_FRAME_COUNT)
+        if isinstance(target, str) and "://" in target and 0 < count < 1e9:  # a served file, not a live stream
+            self._frame_s = 1 / _native_fps(self.cap.get(cv2.CAP_PROP_FPS))
+            self.duration = count * self._frame_s
+            self.live = realtime  # as a paced file: a clip the model has no room for is dropped
+
+    def _video_time(self, start: float) -> float:
+        """The frame's own timestamp for a served file (paced to it in real time), else the wall clock."""
+        import cv2
+
+        if not hasattr(self, "duration"):
+            return time.monotonic() - start
+        t = max(self.cap.get(cv2.CAP_PROP_POS_MSEC), 0.0) / 1000
+        if self.realtime:
+            self.waited_s += _pace(start, t)
+        return t
 
     def __iter__(self) -> Iterator[Frame]:
-        start, next_t = time.monotonic(), 0.0
+        start, next_t, t = time.monotonic(), 0.0, 0.0
         try:
             while self.max_seconds is None or next_t < self.max_seconds:
-                ok, bgr = self.cap.read()
+                if self._first is not None:  # the frame the opening check read
+                    ok, bgr, self._first = True, self._first, None
+                else:
+                    ok, bgr = self.cap.read()
+                    t = self._video_time(start) if ok else t
                 if not ok:  # unplugged, or the stream closed: what was seen so far is still answered
-                    print(f"warning: {self.what} stopped delivering frames after {time.monotonic() - start:.1f} s",
-                          file=sys.stderr)
+                    if not hasattr(self, "duration"):
+                        print(f"warning: {self.what} stopped delivering frames after {time.monotonic() - start:.1f} s",
+                              file=sys.stderr)
+                    elif t < self.duration - 2 * self._frame_s:
+                        print(f"warning: {self.what} stopped delivering frames after {t:.1f} s of its "
+                              f"{self.duration:.1f} s of video", file=sys.stderr)
                     return
-                t = time.monotonic() - start
                 if t >= next_t:
                     yield Frame(t, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
                     next_t += 1.0 / self.fps
@@ -259,5 +311,5 @@ def open_source(video=None, webcam: int | None = None, url: str | None = None, f
     if webcam is not None:
         return CaptureSource(webcam, fps)
     if url is not None:
-        return CaptureSource(url, fps)
+        return CaptureSource(url, fps, realtime=realtime)
     return FileSource(video, fps, realtime, loops)

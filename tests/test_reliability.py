@@ -65,8 +65,9 @@ def test_fault_case(name, tmp_path, capsys, shared_model, monkeypatch):
 
     case = BY_NAME[name]
     monkeypatch.setenv("STREAM_QA_LOG_DIR", str(tmp_path / "logs"))
+    argv = case.build(tmp_path)  # before the fault: a case may build a session folder first
     with inject(shared_model, *case.fault):
-        code = main(case.build(tmp_path))
+        code = main(argv)
     captured = capsys.readouterr()
     result = judge(case, code, captured.out, captured.err)
     assert result["ok"], (result, captured.err[-2000:])

@@ -182,3 +182,24 @@ def test_webcam_zero_if_present():
         frames.append(frame)
     assert frames and frames[0].rgb.ndim == 3
     time.sleep(0)
+
+
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGQUIT"])
+def test_sighup_and_sigquit_stop_like_sigterm_with_every_answer_saved(name, tmp_path):
+    """The terminal closing (SIGHUP) or Ctrl-\\ (SIGQUIT) mid-session: no dangling "A: ", exit 128 + n, and the
+    session transcript holds every answer printed."""
+    signum = getattr(signal, name)
+    folder = tmp_path / "session"
+    proc = subprocess.Popen([*STREAM_QA, str(bundled_clip("bikes.mp4")), "--loop", "30", "--json", "--session",
+                             str(folder), "--every", "2s", "--question", "what is the color of the shape?",
+                             "--max-new-tokens", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    assert json.loads(first)["question"] == "what is the color of the shape?"
+    proc.send_signal(signum)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, err[-2000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+        "stream-qa: stopped; every answer given so far is above")
+    printed = [json.loads(line) for line in (first + rest).splitlines()]
+    saved = [json.loads(line) for line in (folder / "transcript.jsonl").read_text().splitlines()]
+    assert saved[: len(printed)] == printed and len(saved) <= len(printed) + 1
