@@ -8,7 +8,6 @@ all benchmarks compare the same configurations, and the list of policies comes f
 (`inf_mllm.policies.POLICIES`) plus the named combinations below.
 """
 
-import dataclasses
 import os
 import statistics
 import time
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from inf_mllm.spec import COMBINATIONS, SCORERS, PolicySpec
 from streaming.records import METRICS, fmt, plot, print_table, pyplot, record, write  # noqa: F401 (re-exported)
 
 # Options that differ from a policy's dataclass defaults, by policy string or by scorer. None do today:
@@ -31,9 +31,7 @@ RECALL_POLICIES = ("inf_mllm+recall", "inf_mllm+recall_keys", "inf_mllm+recall_o
 def registered() -> list[str]:
     """Every registered policy, then the named combinations (scorer + allocator + reducer, as `stream-qa
     --policy` takes them), in registry order."""
-    from inf_mllm.policies import COMBINATIONS, POLICIES  # torch, as in `default_window`
-
-    return list(dict.fromkeys([*POLICIES, *COMBINATIONS]))
+    return list(dict.fromkeys([*SCORERS, *COMBINATIONS]))
 
 
 def policy_names(names=None, recall: bool = False) -> list[str]:
@@ -50,27 +48,18 @@ def base_name(policy: str) -> str:
     return policy.partition("+")[0]
 
 
-def default_window(policy: str) -> int | None:
-    """The retrieval window a policy string's scorer has by default, or None when it has no `window` option
-    (or is not a registered scorer)."""
-    from inf_mllm.policies import POLICIES  # torch: `benchmarks.report` reads this module without it
-
-    cls = POLICIES.get(base_name(policy))
-    if cls is None or not dataclasses.is_dataclass(cls):
-        return None
-    return next((f.default for f in dataclasses.fields(cls) if f.name == "window"), None)
-
-
 def config_for(policy: str, budget: int | None = None) -> dict:
     """Options for one policy string: its own entry in POLICY_CONFIGS, else its scorer's (combinations
     and recall variants run with the scorer's options), else none. Any policy with a retrieval window
     gets one no larger than a quarter of the budget: the window's queries are always kept, and a
     window near the budget would leave nothing to choose."""
+    from inf_mllm.policies import window_cap  # torch: `benchmarks.report` reads this module without it
+
     cfg = dict(POLICY_CONFIGS.get(policy, POLICY_CONFIGS.get(base_name(policy), {})))
-    window = cfg.get("window", default_window(policy))
-    if window is not None and budget is not None and window > budget // 4:
-        cfg["window"] = budget // 4
-    return cfg
+    try:
+        return cfg | window_cap(PolicySpec.parse(policy, **cfg), budget)
+    except ValueError:  # not a cache policy of the core (a model's label, `full_capped`): no window
+        return cfg
 
 
 def policy_configs(names=None, budget: int | None = None, recall: bool = False) -> dict[str, dict]:
@@ -125,7 +114,7 @@ def evict_share(evict_s: float, score_s: float, round_s: float) -> float:
 
 def tokens_per_s(decoded: int, decode_s: float) -> float:
     """Decode speed of one answer, as `inf_mllm.session.TurnStats.tokens_per_s` defines it."""
-    from inf_mllm.session import TurnStats  # torch, as in `default_window`
+    from inf_mllm.session import TurnStats  # torch: `benchmarks.report` reads this module without it
 
     return TurnStats(decode_s=decode_s, decoded=decoded).tokens_per_s
 

@@ -49,14 +49,10 @@ def policy_options(policy: str, budget, window: int | None = None, bias: float |
     """The policy's options, from the soak's own `--window` and `--bias`. Without a window, a policy that
     has a retrieval window keeps its default one but never more than a quarter of a token budget, the
     rule the benchmarks run by: at budget 64 the default window (64) would be the whole cache."""
-    from inf_mllm import make_policy  # loads torch: only once the arguments have been checked
+    from inf_mllm.policies import window_cap  # loads torch: only once the arguments have been checked
 
     options = {k: v for k, v in (("bias", bias), ("window", window)) if v is not None}
-    if window is None and isinstance(budget, int):
-        default = getattr(make_policy(policy.partition("+")[0]), "window", None)
-        if default is not None and default > budget // 4:
-            options["window"] = budget // 4
-    return options
+    return options if window is not None else options | window_cap(policy, budget)
 
 
 def records(run: dict, v: dict) -> list[dict]:

@@ -1,7 +1,7 @@
 """Independent NumPy references for SnapKV, H2O and Elastic Cache, written from their papers.
 
 Each reference is transcribed from the method's own description (equations, algorithm), not from
-inf_mllm/policies.py or inf_mllm/cache.py, and compared with our implementation on random attention:
+inf_mllm/policies/ or inf_mllm/cache.py, and compared with our implementation on random attention:
 SnapKV and H2O through `make_policy(...).select(...)` on LayerViews, and every method end to end through a
 small `StreamingCache` fed the way a model feeds it (each forward appends K/V, then the attention function
 reports its scores; see `Fed`), so the observers, `evict()`, `step()`, `keep` and `merge` are all on the path.

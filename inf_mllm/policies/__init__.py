@@ -62,7 +62,19 @@ def policy_options(policy: PolicySpec | str) -> set[str]:
     return fields(cls) | fields(alloc_cls)
 
 
+def window_cap(policy: PolicySpec | str, budget) -> dict:
+    """{"window": budget // 4} when the policy's retrieval window (its option, else its default) is larger
+    than a quarter of a token budget, else {}: the window's queries are always kept, and a window near the
+    budget would leave nothing to choose (at budget 64 the default window, 64, is the whole cache)."""
+    spec = as_spec(policy)
+    cls = POLICIES[spec.scorer]
+    if not isinstance(budget, int) or "window" not in fields(cls):
+        return {}
+    window = spec.options.get("window", next(f.default for f in dataclasses.fields(cls) if f.name == "window"))
+    return {"window": budget // 4} if window > budget // 4 else {}
+
+
 __all__ = [
     "ALLOCATORS", "AccScored", "Allocator", "COMBINATIONS", "LayerView", "POLICIES", "Policy", "REDUCERS", "Scored",
-    "Uniform", "WindowScored", "build", "make_policy", "policy_options", "recency_bias",
+    "Uniform", "WindowScored", "build", "make_policy", "policy_options", "recency_bias", "window_cap",
 ]
