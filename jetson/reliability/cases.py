@@ -21,7 +21,8 @@ PLAYS = "plays"  # expected outcome: exit 0 and at least one answer
 @dataclass
 class Case:
     name: str
-    where: str  # "cli", "cli stdin", "cli tty", "cli pipe", "cli fault", "cli signal", "cli kill", "library"
+    where: str  # "cli", "cli stdin", "cli tty", "cli pipe", "cli stdout", "cli fault", "cli signal", "cli kill",
+    #             "library"
     expected: str  # PLAYS, or a regex the one stderr line must match (exit 2)
     build: Callable[[Path], list]  # tmp folder → stream-qa arguments (library: a callable's arguments)
     stdin: bytes | None = None
@@ -227,6 +228,10 @@ CASES = [
     Case("cat video | stream-qa /dev/stdin", "cli stdin", PLAYS,
          lambda t: ["/dev/stdin", "--fast", "--json", "--max-new-tokens", "4", "--ask", SAMPLE_QUESTION],
          stdin=Path(clip()).read_bytes(), slow=True, notes="said the pipe was empty"),
+    Case("stdout closed (>&-)", "cli stdout", r"stdout is closed \(>&-\)", lambda t: [clip(), *ASK],
+         meta={"stdout": "closed"}, notes="was an internal error after the model loaded"),
+    Case("stdout on a full device (/dev/full)", "cli stdout", r"stdout goes to a full disk",
+         lambda t: [clip(), *ASK], meta={"stdout": "/dev/full"}, notes="was called a bug"),
     Case("SIGHUP mid-answer", "cli signal", PLAYS, lambda t: signal_args(), code=129,
          notes="killed with no message and a dangling 'A: '", meta={"signal": "SIGHUP"}),
     Case("SIGQUIT mid-answer", "cli signal", PLAYS, lambda t: signal_args(), code=131,

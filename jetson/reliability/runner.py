@@ -44,6 +44,12 @@ def run_subprocess(case: Case, tmp: Path, timeout: float = 300) -> dict:
             err = proc.stderr.read()
             proc.wait(timeout=timeout)
             out = first
+        elif case.where == "cli stdout":  # stdout closed (`>&-`) or on a full device (/dev/full)
+            closed = case.meta["stdout"] == "closed"
+            with open(os.devnull if closed else case.meta["stdout"], "wb") as sink:
+                proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.PIPE, env=env,
+                                      timeout=timeout, preexec_fn=(lambda: os.close(1)) if closed else None)
+            out, err = b"", proc.stderr
         else:
             done = subprocess.run(argv, input=case.stdin if case.stdin is not None else b"", capture_output=True,
                                   timeout=timeout, stdin=None, env=env)
