@@ -12,7 +12,6 @@ from benchmarks.common import (
     RoundTimer,
     clip_to_context,
     config_for,
-    default_window,
     evict_share,
     fraction_of_full,
     plans,
@@ -20,7 +19,8 @@ from benchmarks.common import (
     policy_names,
     tokens_per_s,
 )
-from inf_mllm.policies import make_policy
+from inf_mllm.policies import make_policy, window_cap
+from inf_mllm.spec import PolicySpec
 
 
 def test_plans_run_the_full_cache_once_clipped_at_the_context_then_each_policy_per_budget():
@@ -125,8 +125,9 @@ def test_the_window_cap_applies_to_every_policy_with_a_window():
     assert config_for("inf_mllm_plus", 100) == {"window": 25}
     assert config_for("h2o", 16) == {} and config_for("streaming_llm", 8) == {} and config_for("full", 8) == {}
     assert config_for("inf_mllm", None) == {} and config_for("not_a_policy", 8) == {}
-    assert default_window("snapkv") == 32 and default_window("inf_mllm+recall") == 64
-    assert default_window("elastic") is None
+    assert window_cap("snapkv", 100) == {"window": 25} and window_cap("snapkv", 128) == {}
+    assert window_cap("inf_mllm+recall", 128) == {"window": 32} and window_cap("elastic", 8) == {}
+    assert window_cap(PolicySpec.parse("inf_mllm", window=8), 64) == {}  # a window given within the budget stays
 
 
 def test_plot_draws_marks_for_a_summary_metric(tmp_path):
