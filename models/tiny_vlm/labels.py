@@ -96,7 +96,7 @@ def more_words() -> dict[int, str]:
         "bicycle": _ids("unicycle", "tricycle"),
         "rabbit": _ids("cottontail rabbit", "hare", "Angora rabbit"),
         "car": _ids("car wheel", "grille", "car mirror", "recreational vehicle", "go-kart", "golf cart"),
-        "horse": _ids("sorrel"),
+        "horse": _ids("common sorrel"),
         "fence": _ids("chain-link fence", "picket fence", "split-rail fence"),
         "person": clothing(),
     }

@@ -70,6 +70,8 @@ PRESETS = {
     "lite2": Perception(backbone="lite2"),
     "clothing": Perception(person=True, more_words=True),
     "faces": Perception(faces=True, more_words=True),
+    "person": Perception(person=True, faces=True, more_words=True),
+    "person+votes": Perception(votes=2, person=True, faces=True, more_words=True),
     "tiles+person": Perception(tiles=True, person=True, faces=True, more_words=True),
     "tiles+person+votes": Perception(tiles=True, votes=2, person=True, faces=True, more_words=True),
 }
@@ -94,6 +96,8 @@ def views(frames: np.ndarray, size: int, tiles: bool, whole: bool = True) -> tor
     crops = [x] if whole else []
     if tiles:
         crops += [x[:, :, top:top + side, left:left + side] for top, left, side in tile_boxes(*x.shape[2:])]
+    if not crops:  # tiles only, of a square frame
+        return x.new_zeros(0, 3, size, size)
     resized = [F.interpolate(c, size=(size, size), mode="bilinear", antialias=True) for c in crops]
     return torch.stack(resized, dim=1).flatten(0, 1)
 
@@ -112,6 +116,8 @@ class Classifier:
         from .encoder import normalise
 
         x = views(frames, self.size, tiles, whole)
+        if not len(x):
+            return torch.zeros(len(frames), 0, 1000)
         logits = torch.cat([self.net(normalise(chunk)) for chunk in x.split(batch)])
         return torch.softmax(logits.float(), dim=-1).view(len(frames), -1, logits.shape[-1])
 
