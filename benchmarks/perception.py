@@ -15,7 +15,11 @@ Each option of `models/tiny_vlm/perception.py` (`PRESETS`) is measured on
   (median over clips), and the ingest path today (Lite0 features + histograms + projector + label
   embeddings), per frame at 1 fps. CPU time, not wall time: the machine may be shared.
 
-Writes `perception.json` (records and every clip's labels) and `perception.png` to the output folder.
+Then the committed weights answer questions on the annotated clips (`answer_rows`) with `frame` and
+with `CANDIDATE` (or `--perception`): does the new label text help the trained model or confuse it?
+
+Writes `perception.json` (records), `perception_rows.json` (every second's labels, every answer) and
+`perception.png` to the output folder.
 """
 
 import json
@@ -32,6 +36,7 @@ ANNOTATIONS = Path(__file__).parent / "data" / "annotations.json"
 PHASES = (0.0, 0.25, 0.5, 0.75)
 CLIP = 4  # frames per clip at 1 fps: stream-qa's default --clip-seconds 4
 VIDEOS = ("bikes.mp4", "bigbuckbunny.mp4", "carphone_pristine.mp4", "carphone_distorted.mp4")
+CANDIDATE = "tiles+person"  # the option the committed weights are asked with, beside `frame`
 
 
 def annotations() -> dict:
@@ -173,6 +178,59 @@ def base_cost(clips) -> float:
     return statistics.median(costs)
 
 
+ASKED = ("bicycle", "person", "car", "motorcycle", "rabbit")
+
+
+def answer_rows(vlm, clips) -> list[dict]:
+    """The committed weights, streaming each annotated video at 1 fps (phase 0) in 4-s clips: after each
+    clip "what is in the video?" and "is there a X?" for every annotated thing, scored against the clip's
+    annotation. "what" is right when it names something the clip shows and nothing it lacks."""
+    from models.tiny_vlm.labels import listing, mentioned
+
+    from .real_scenes import article
+
+    rows = []
+    for name, phase, frames, times, whole, video in clips:
+        if phase:
+            continue
+        session = vlm.new_session("full")
+        for k, start in enumerate(range(0, len(frames), CLIP), start=1):
+            part, t = frames[start:start + CLIP], times[start:start + CLIP]
+            visual, _ = vlm.encode_parts(part)
+            labels = vlm.fit_labels(vlm.perceive(part, whole[start:start + CLIP]))
+            vlm.append_clip(session, vlm.clip_embeddings(visual, labels), k, t[0], t[-1] + 1.0)
+            things, also = visible(video, t[0], t[-1] + 1.0)
+            base = {"video": name, "clip": k, "from": t[0], "to": t[-1] + 1.0, "things": sorted(things),
+                    "labels": listing(labels, vlm.perception.more_words)}
+            answer = vlm.answer(session, "what is in the video?", max_new_tokens=24)
+            said = mentioned(answer, True)
+            rows.append(base | {"question": "what is in the video?", "answer": answer, "kind": "what",
+                                "right": bool(said) and all(backed(i, things | also) for i in said),
+                                "hallucinated": sorted(_name(i) for i in said if not backed(i, things | also))})
+            for thing in ASKED:
+                question = f"is there {article(thing)} {thing}?"
+                answer = vlm.answer(session, question, max_new_tokens=4)
+                yes = answer.strip().lower().startswith("yes")
+                rows.append(base | {"question": question, "answer": answer, "kind": "yes" if thing in things else "no",
+                                    "right": yes == (thing in things), "hallucinated": [thing] if yes and
+                                    thing not in things else []})
+    return rows
+
+
+def answer_scores(rows: list[dict]) -> dict:
+    out = {}
+    for kind in ("what", "yes", "no"):
+        chosen = [r["right"] for r in rows if r["kind"] == kind]
+        if chosen:
+            out[f"answers_{kind}"] = sum(chosen) / len(chosen)
+    out["answers_all"] = sum(r["right"] for r in rows) / len(rows)
+    out["answers_hallucinating"] = sum(bool(r["hallucinated"]) for r in rows) / len(rows)
+    bikes = [r["right"] for r in rows if r["video"] == "bikes.mp4" and r["question"] == "is there a bicycle?"
+             and r["kind"] == "yes"]
+    out["bikes_is_there_a_bicycle"] = sum(bikes) / max(len(bikes), 1)
+    return out
+
+
 def run(args):
     from models.tiny_vlm.encoder import FrameEncoder
     from models.tiny_vlm.perception import PRESETS, Perceiver
@@ -208,10 +266,22 @@ def run(args):
         print(f"{preset}: " + ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
                                           for k, v in scores.items()), flush=True)
     table(details, things, base)
+    answers = {}
+    if not args.quick:
+        from models.tiny_vlm.model import TinyVLM
+
+        for preset in ("frame", getattr(args, "perception", None) or CANDIDATE):
+            vlm = TinyVLM(perception=preset)
+            rows = answer_rows(vlm, clips)
+            answers[preset] = {"scores": answer_scores(rows), "rows": rows}
+            for key, value in answers[preset]["scores"].items():
+                records.append(record("perception", preset, None, "accuracy", value, key))
+            print(f"answers with {preset}: " + ", ".join(f"{k} {v:.3f}" for k, v in answers[preset]["scores"].items()))
     path = write(args.out, "perception", records, [])
     path.with_name("perception_rows.json").write_text(json.dumps(
         {"base_ms_per_frame": base, "phases": PHASES[:1] if args.quick else PHASES,
-         "options": {p: {"config": vars(PRESETS[p]), **d} for p, d in details.items()}}, indent=None))
+         "options": {p: {"config": vars(PRESETS[p]), **d} for p, d in details.items()}, "answers": answers},
+        indent=None))
     plot(path.with_suffix(".png"), details, things)
 
 

@@ -41,6 +41,7 @@ FACE_THRESHOLD = 0.5  # BlazeFace's own
 @dataclass(frozen=True)
 class Perception:
     tiles: bool = False
+    tile_threshold: float = TILE_THRESHOLD
     votes: int = 1
     person: bool = False
     faces: bool = False
@@ -74,6 +75,7 @@ PRESETS = {
     "person+votes": Perception(votes=2, person=True, faces=True, more_words=True),
     "tiles+person": Perception(tiles=True, person=True, faces=True, more_words=True),
     "tiles+person+votes": Perception(tiles=True, votes=2, person=True, faces=True, more_words=True),
+    "tiles@0.2+person": Perception(tiles=True, tile_threshold=0.2, person=True, faces=True, more_words=True),
 }
 DEFAULT = "frame"
 
@@ -136,7 +138,7 @@ def frame_candidates(probs: torch.Tensor, config: Perception, face: float = 0.0)
             name(i, p)
     for view in probs[1:]:
         p, i = view.max(dim=0)
-        if p.item() >= TILE_THRESHOLD:
+        if p.item() >= config.tile_threshold:
             name(int(i), p.item())
     if config.person:
         top = probs.topk(PERSON_TOP, dim=-1)
