@@ -170,7 +170,7 @@ def base_cost(clips) -> float:
     embeddings) on 4-frame clips of bikes.mp4; median over clips."""
     from models.tiny_vlm.model import TinyVLM
 
-    vlm = TinyVLM()
+    vlm = TinyVLM(perception="frame")
     frames = next(c[2] for c in clips if c[0] == "bikes.mp4")
     vlm.encode_clip(frames[:CLIP])  # warm-up
     costs = []
