@@ -328,3 +328,39 @@ def plot(path, details: dict, things: list[str]) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+def wall(presets=("frame", CANDIDATE), repeats: int = 3) -> dict[str, float]:
+    """Median wall ms per frame of `TinyVLM.encode_clip` on 4-frame clips of bikes.mp4 with torch's own
+    threads, the presets interleaved so a shared machine's load falls on each alike."""
+    from models.tiny_vlm.model import TinyVLM
+    from models.tiny_vlm.scenes import _video_path
+
+    frames, _ = sample(_video_path("bikes.mp4"), 0.0)
+    models = {p: TinyVLM(perception=p) for p in presets}
+    for vlm in models.values():
+        vlm.encode_clip(frames[:CLIP])  # warm-up (loads BlazeFace)
+    times: dict[str, list[float]] = {p: [] for p in presets}
+    for _ in range(repeats):
+        for preset, vlm in models.items():
+            for start in range(0, len(frames) - CLIP + 1, CLIP):
+                began = time.perf_counter()
+                vlm.encode_clip(frames[start:start + CLIP])
+                times[preset].append((time.perf_counter() - began) * 1000 / CLIP)
+    return {p: statistics.median(t) for p, t in times.items()}
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.perception",
+                                     description="wall ms per frame of tiny-vlm's ingest with each perception")
+    parser.add_argument("presets", nargs="*", default=["frame", CANDIDATE])
+    args = parser.parse_args(argv)
+    print(f"torch threads {torch.get_num_threads()}; wall ms per frame (median):",
+          {p: round(ms) for p, ms in wall(args.presets).items()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
