@@ -136,9 +136,16 @@ def test_blazeface_finds_the_face_in_carphone_and_none_in_a_texture():
     from models.tiny_vlm.faces import FaceDetector
 
     faces = FaceDetector()
-    assert faces.score(frame_at("carphone_pristine.mp4", 1.0)) >= 0.5
+    face = frame_at("carphone_pristine.mp4", 1.0)
+    assert faces.score(face) >= 0.5
     brick = np.repeat(np.asarray(data.brick())[..., None], 3, axis=-1)
     assert faces.score(brick) < 0.5
+    # the app's sessions share one detector: concurrent ingest threads get the same scores, and no error
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        scores = list(pool.map(faces.score, [face, brick] * 8))
+    assert scores == [faces.score(face), faces.score(brick)] * 8
 
 
 def test_without_blazeface_a_person_still_comes_from_clothing(monkeypatch):

@@ -8,6 +8,7 @@ when any anchor's score passes MediaPipe's own threshold (0.5).
 """
 
 import importlib.util
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +41,9 @@ def letterbox(frame: np.ndarray, size: int) -> np.ndarray:
 
 
 class FaceDetector:
-    """`score(frame)`: the best face score in a frame (0..1)."""
+    """`score(frame)`: the best face score in a frame (0..1). One interpreter serves every thread under a
+    lock: the app's sessions share one model, and a TFLite interpreter invoked from two ingest threads at
+    once fails ("at least 1 reference to internal data")."""
 
     def __init__(self, threads: int = 1):
         try:
@@ -53,11 +56,15 @@ class FaceDetector:
         self.input, self.size = source["index"], int(source["shape"][1])
         # two outputs: box regressors (…, 16) and one score logit per anchor (…, 1)
         self.logits = next(o["index"] for o in self.interpreter.get_output_details() if o["shape"][-1] == 1)
+        self.lock = threading.Lock()
 
     def score(self, frame: np.ndarray) -> float:
-        self.interpreter.set_tensor(self.input, letterbox(frame, self.size)[None])
-        self.interpreter.invoke()
-        raw = np.clip(self.interpreter.get_tensor(self.logits).ravel(), -RAW_LIMIT, RAW_LIMIT)
+        image = letterbox(frame, self.size)[None]
+        with self.lock:
+            self.interpreter.set_tensor(self.input, image)
+            self.interpreter.invoke()
+            raw = self.interpreter.get_tensor(self.logits).ravel()  # a copy
+        raw = np.clip(raw, -RAW_LIMIT, RAW_LIMIT)
         return float(1.0 / (1.0 + np.exp(-raw.max())))
 
     def scores(self, frames: np.ndarray) -> list[float]:
