@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-NAMES = ("stream_ppl", "retrieval", "latency", "tiny_vlm", "video_qa", "arena", "real_scenes")
+NAMES = ("stream_ppl", "retrieval", "latency", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception")
 
 
 def main(argv=None) -> int:
@@ -13,10 +13,12 @@ def main(argv=None) -> int:
     parser.add_argument("name", choices=NAMES)
     parser.add_argument("--quick", action="store_true", help="a short run (about two minutes on 2 cores)")
     parser.add_argument("--out", default="benchmarks/results", help="output folder (default: benchmarks/results)")
-    parser.add_argument("--policies", nargs="*", help="subset of policies to run")
+    parser.add_argument("--policies", nargs="*", help="subset of policies to run (perception: of its presets)")
     parser.add_argument("--tokens", type=int, help="override the streamed length (tiny_vlm: questions per setting)")
     parser.add_argument("--budgets", type=int, nargs="*",
                         help="override the budgets (stream_ppl, retrieval, arena; video_qa: the first)")
+    parser.add_argument("--perception", help="tiny_vlm, real_scenes: a tiny-vlm perception preset "
+                        "(models/tiny_vlm/perception.py; default: the model's)")
     parser.add_argument("--resume", action="store_true",
                         help="stream_ppl: continue the run stopped in --out (checkpoints every 64K tokens); "
                              "arena: skip the runs already in --out/arena.json")

@@ -120,7 +120,7 @@ def score(answer: str, expected: str, p: Photo) -> bool | None:
     return None
 
 
-def hallucinates(question: str, answer: str, labels) -> bool:
+def hallucinates(question: str, answer: str, labels, more: bool = False) -> bool:
     from models.tiny_vlm.labels import unsupported  # models load torch: the CLI checks its arguments first
 
     a = answer.strip().lower()
@@ -128,23 +128,24 @@ def hallucinates(question: str, answer: str, labels) -> bool:
         if not a.startswith("yes"):
             return False
         thing = question.rstrip("?").split("is there ", 1)[1].split(" ", 1)[1]
-        return bool(unsupported(thing, labels))
-    return bool(unsupported(a, labels))
+        return bool(unsupported(thing, labels, more))
+    return bool(unsupported(a, labels, more))
 
 
 def evaluate(vlm, progress: bool = True) -> tuple[dict, list[dict]]:
     """Scores by kind (`what`, `is_there`, `which`, `earlier`, `all`, `top5_<same>`, `free_of_hallucination`)
     and the transcript."""
-    from models.tiny_vlm.labels import clip_labels, listing, names  # torch, as in `hallucinates`
+    from models.tiny_vlm.labels import listing, names  # torch, as in `hallucinates`
 
-    rows = []
+    rows, more = [], vlm.perception.more_words
     for v, video in enumerate(VIDEOS, start=1):
         session = vlm.new_session("full")
         clips = []
         for k, name in enumerate(video, start=1):
             p = PHOTOS[name]
-            visual, probs = vlm.encode_parts(clip_frames(photo(name)))
-            labels = vlm.fit_labels(clip_labels(probs))  # what the turn carries
+            frames = clip_frames(photo(name))
+            visual, probs = vlm.encode_parts(frames)
+            labels = vlm.fit_labels(vlm.perceive(frames, probs))  # what the turn carries
             top5 = [names()[i].lower() for i in probs.mean(dim=0).topk(5).indices.tolist()]
             in_top5 = bool(p.thing) and any(s in n for n in top5 for s in p.synonyms)
             vlm.append_clip(session, vlm.clip_embeddings(visual, labels), k, float(2 * (k - 1)), float(2 * k))
@@ -153,7 +154,7 @@ def evaluate(vlm, progress: bool = True) -> tuple[dict, list[dict]]:
                 rows.append(_ask(vlm, session, v, k, name, kind, question, expected, labels, in_top5, top5))
                 if progress:
                     r = rows[-1]
-                    print(f"video {v} clip {k} [{listing(labels)}] {question} → {r['answer']!r} "
+                    print(f"video {v} clip {k} [{listing(labels, more)}] {question} → {r['answer']!r} "
                           f"({'right' if r['right'] else 'wrong' if r['right'] is False else '-'})", flush=True)
         for k, (name, labels, in_top5) in enumerate(clips[:-1], start=1):
             p = PHOTOS[name]
@@ -186,9 +187,10 @@ def _ask(vlm, session, video, clip, name, kind, question, expected, labels, in_t
 
     answer = vlm.answer(session, question, max_new_tokens=40)
     right = score(answer, expected, PHOTOS[name])
-    return {"video": video, "clip": clip, "photo": name, "labels": listing(labels), "top5": top5,
+    more = vlm.perception.more_words
+    return {"video": video, "clip": clip, "photo": name, "labels": listing(labels, more), "top5": top5,
             "in_top5": in_top5, "kind": kind, "question": question, "answer": answer, "expected": expected,
-            "right": right, "hallucination": hallucinates(question, answer, labels)}
+            "right": right, "hallucination": hallucinates(question, answer, labels, more)}
 
 
 ORDER = ("what", "is_there", "which", "earlier", "what_or_is", "all", "top5_what", "top5_is_there", "top5_which",
@@ -199,10 +201,11 @@ def run(args):
     from models.tiny_vlm.model import WEIGHTS, TinyVLM  # torch, as in `hallucinates`
 
     weights = Path(getattr(args, "weights", None) or WEIGHTS)
-    vlm = TinyVLM(weights)
+    vlm = TinyVLM(weights, perception=getattr(args, "perception", None))
     scores, rows = evaluate(vlm)
     records = [record("real_scenes", "full", None, "accuracy", scores[x], x) for x in ORDER if x in scores]
-    print(f"{scores['questions']} questions on {sum(map(len, VIDEOS))} clips of real photos ({weights})")
+    print(f"{scores['questions']} questions on {sum(map(len, VIDEOS))} clips of real photos ({weights}, "
+          f"perception {vlm.perception})")
     print_table(records, ["accuracy"])
     path = write(args.out, "real_scenes", records, [])
     path.with_name("real_scenes_answers.json").write_text(json.dumps(rows, indent=1))
@@ -211,6 +214,7 @@ def run(args):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.real_scenes", description=__doc__.splitlines()[0])
     parser.add_argument("--weights", help="a tiny-vlm weights folder (default: the committed weights)")
+    parser.add_argument("--perception", help="a perception preset (models/tiny_vlm/perception.py)")
     parser.add_argument("--out", default="benchmarks/results")
     run(parser.parse_args(argv))
     return 0

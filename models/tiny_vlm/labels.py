@@ -6,7 +6,8 @@ the top classes of each of its frames whose probability passes `THRESHOLD`, merg
 text ("Seen: Egyptian Mau (cat), espresso (coffee)."), so they sit in the KV cache with the clip and
 every eviction policy treats them as part of it. A class gets an everyday word beside its ImageNet
 name ("mountain bike (bicycle)") when it has one here, so "is there a bicycle?" can be answered
-from the text.
+from the text. `perception.py` may add more everyday words (`more_words`) and `PERSON`, a label that is
+no ImageNet class.
 
 `imagenet_classes.txt` holds the 1,000 class names in the classifier's output order (the short
 names torchvision uses; copied from Gradio's bundled `media_assets/data/imagenet_labels.json`,
@@ -23,6 +24,7 @@ THRESHOLD = 0.1  # a frame's class probability must reach this to be named
 PER_FRAME = 3  # classes looked at per frame
 MAX_LABELS = 3  # classes named per clip
 NOTHING = "nothing recognised"
+PERSON = 1000  # not an ImageNet class (ImageNet has none for people): "person", inferred by `perception.py`
 
 
 @lru_cache(maxsize=1)
@@ -76,6 +78,40 @@ def general_words() -> dict[int, str]:
 
 
 @lru_cache(maxsize=1)
+def clothing() -> frozenset[int]:
+    """Classes that are worn, or are people doing something: a frame that shows one almost always shows a
+    person. Helmets are left out (one on a motorcycle seat is common); so are shoes and socks (a shop)."""
+    return frozenset(_ids("abaya", "academic gown", "apron", "bikini", "bolo tie", "bow tie", "bulletproof vest",
+                          "cardigan", "cloak", "cowboy hat", "fur coat", "gown", "hoop skirt", "jeans", "T-shirt",
+                          "kimono", "lab coat", "military uniform", "miniskirt", "overskirt", "pajamas", "poncho",
+                          "sarong", "sombrero", "suit", "sweatshirt", "swimsuit", "trench coat", "vestment",
+                          "Windsor tie", "baseball player", "bridegroom", "scuba diver"))
+
+
+@lru_cache(maxsize=1)
+def more_words() -> dict[int, str]:
+    """Everyday words that the issue-25 perception adds beside `general_words`. Kept apart because training
+    draws its label sets from `general_words` (a larger table would change the committed weights' data)."""
+    table = {
+        "bicycle": _ids("unicycle", "tricycle"),
+        "rabbit": _ids("cottontail rabbit", "hare", "Angora rabbit"),
+        "car": _ids("car wheel", "grille", "car mirror", "recreational vehicle", "go-kart", "golf cart"),
+        "horse": _ids("common sorrel"),
+        "fence": _ids("chain-link fence", "picket fence", "split-rail fence"),
+        "person": clothing(),
+    }
+    return {i: word for word, ids in table.items() for i in ids}
+
+
+def everyday(i: int, more: bool = False) -> str | None:
+    """The everyday word for class `i` ("bicycle" for a mountain bike), with `more_words` when `more`."""
+    if i == PERSON:
+        return "person"
+    word = general_words().get(i)
+    return more_words().get(i) if word is None and more else word
+
+
+@lru_cache(maxsize=1)
 def categories() -> dict[str, frozenset[int]]:
     """What "what animal / vehicle / food did you see?" asks about."""
     general = general_words()
@@ -85,9 +121,11 @@ def categories() -> dict[str, frozenset[int]]:
             "food": frozenset(_ids((924, 957), (959, 967), "cup") - _ids("cup"))}
 
 
-def display(i: int) -> str:
+def display(i: int, more: bool = False) -> str:
     """"mountain bike (bicycle)", or the bare name when its everyday word is already in it ("tabby cat")."""
-    name, word = names()[i], general_words().get(i)
+    if i == PERSON:
+        return "person"
+    name, word = names()[i], everyday(i, more)
     if word is None or re.search(rf"\b{word}\b", name.lower()):
         return name
     return f"{name} ({word})"
@@ -105,38 +143,40 @@ def clip_labels(probs: torch.Tensor, threshold: float = THRESHOLD) -> tuple[int,
     return tuple(sorted(best, key=lambda i: -best[i])[:MAX_LABELS])
 
 
-def listing(labels) -> str:
+def listing(labels, more: bool = False) -> str:
     """What the clip's answer to "what is in the video?" says: its labels, or that nothing was recognised."""
-    return ", ".join(display(i) for i in labels) if labels else NOTHING
+    return ", ".join(display(i, more) for i in labels) if labels else NOTHING
 
 
-def label_text(labels) -> str:
-    """The text that follows a clip's visual tokens in its turn."""
-    return f" Seen: {listing(labels)}."
+def label_text(labels, more: bool = False) -> str:
+    """The text that follows a clip's visual tokens in its turn (`more`: with `more_words`)."""
+    return f" Seen: {listing(labels, more)}."
 
 
 @cache
-def words_of(i: int) -> frozenset[str]:
+def words_of(i: int, more: bool = False) -> frozenset[str]:
     """The lower-case words a question or an answer may use for class `i`: its name and everyday word."""
-    out = {names()[i].lower()}
-    if i in general_words():
-        out.add(general_words()[i])
-    return frozenset(out)
+    if i == PERSON:
+        return frozenset({"person"})
+    word = everyday(i, more)
+    return frozenset({names()[i].lower()} | ({word} if word else set()))
 
 
-def mentioned(text: str) -> set[int]:
-    """Class ids whose name or everyday word `text` contains as whole words (lower case)."""
+def mentioned(text: str, more: bool = False) -> set[int]:
+    """Class ids whose name or everyday word `text` contains as whole words (lower case); with `more`,
+    `more_words` and `PERSON` ("person") too."""
     text = text.lower()
-    return {i for i in range(len(names())) if any(_contains(text, w) for w in words_of(i))}
+    ids = (*range(len(names())), PERSON) if more else range(len(names()))
+    return {i for i in ids if any(_contains(text, w) for w in words_of(i, more))}
 
 
 def _contains(text: str, word: str) -> bool:
     return word in text and re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", text) is not None
 
 
-def unsupported(answer: str, labels) -> set[str]:
+def unsupported(answer: str, labels, more: bool = False) -> set[str]:
     """Thing names in `answer` (ImageNet names and everyday words) that the clip's labels do not back:
     neither one of their words nor a whole word inside one ("cat" in "tabby cat")."""
-    allowed = set().union(*(words_of(i) for i in labels)) if labels else set()
-    found = {w for i in mentioned(answer) for w in words_of(i) if _contains(answer.lower(), w)}
+    allowed = set().union(*(words_of(i, more) for i in labels)) if labels else set()
+    found = {w for i in mentioned(answer, more) for w in words_of(i, more) if _contains(answer.lower(), w)}
     return {w for w in found if w not in allowed and not any(_contains(a, w) for a in allowed)}

