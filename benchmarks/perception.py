@@ -23,6 +23,7 @@ Writes `perception.json` (records), `perception_rows.json` (every second's label
 `perception.png` to the output folder.
 """
 
+import argparse
 import json
 import statistics
 import time
@@ -31,7 +32,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .common import record, write
+from models.tiny_vlm.encoder import FrameEncoder
+from models.tiny_vlm.labels import PERSON, _contains, display, listing, mentioned, words_of
+from models.tiny_vlm.model import TinyVLM
+from models.tiny_vlm.perception import PERSON_THRESHOLD, PRESETS, Perceiver, clothing
+from models.tiny_vlm.scenes import _video_path, frames_at, video_shape
+
+from .common import pyplot, record, write
+from .real_scenes import PHOTOS, article, clip_frames, photo
 
 ANNOTATIONS = Path(__file__).parent / "data" / "annotations.json"
 PHASES = (0.0, 0.25, 0.5, 0.75)
@@ -53,33 +61,21 @@ def visible(video: dict, t0: float, t1: float) -> tuple[set[str], set[str]]:
 
 def backed(label: int, accepted: set[str], more: bool = True) -> bool:
     """Whether one of the label's words is an accepted word, or holds one as a whole word ("tie" in "bow tie")."""
-    from models.tiny_vlm.labels import _contains, words_of
 
     return any(w == a or _contains(w, a) for w in words_of(label, more) for a in accepted)
 
 
 def sample(path: Path, phase: float) -> tuple[np.ndarray, list[float]]:
     """RGB frames at phase, phase + 1, … seconds (OpenCV), and their times."""
-    import cv2
 
-    cap = cv2.VideoCapture(str(path))
-    fps, total = cap.get(cv2.CAP_PROP_FPS), int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+    fps, total = video_shape(path)
     wanted = {}
     t = phase
     while round(t * fps) < total:
         wanted[int(round(t * fps))] = t
         t += 1.0
-    frames, times, index = [], [], 0
-    while len(frames) < len(wanted):
-        ok, bgr = cap.read()
-        if not ok:
-            break
-        if index in wanted:
-            frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
-            times.append(wanted[index])
-        index += 1
-    cap.release()
-    return np.stack(frames), times
+    got = frames_at(path, wanted)
+    return np.stack([got[i] for i in sorted(got)]), [wanted[i] for i in sorted(got)]
 
 
 def video_rows(perceiver, encoder, clips) -> tuple[list[dict], list[float]]:
@@ -101,7 +97,6 @@ def video_rows(perceiver, encoder, clips) -> tuple[list[dict], list[float]]:
 def video_scores(rows: list[dict], things: list[str], more: bool) -> dict:
     """Scores of the labels as the option writes them (`more`: with `labels.more_words`): a "suit" says
     nothing about a person unless the text says "suit (person)"."""
-    from models.tiny_vlm.labels import words_of
 
     out: dict = {}
     for thing in things:
@@ -130,16 +125,12 @@ def video_scores(rows: list[dict], things: list[str], more: bool) -> dict:
 
 
 def _name(i: int) -> str:
-    from models.tiny_vlm.labels import display
 
     return display(i, True)
 
 
 def scene_scores(perceiver, encoder) -> dict:
-    from models.tiny_vlm.labels import PERSON, words_of
-    from models.tiny_vlm.perception import PERSON_THRESHOLD, clothing
 
-    from .real_scenes import PHOTOS, clip_frames, photo
 
     top5 = named = objects = 0
     misses = []
@@ -168,7 +159,6 @@ def scene_scores(perceiver, encoder) -> dict:
 def base_cost(clips) -> float:
     """ms per frame of today's ingest path: `TinyVLM.encode_clip` (features, probabilities, projector, label
     embeddings) on 4-frame clips of bikes.mp4; median over clips."""
-    from models.tiny_vlm.model import TinyVLM
 
     vlm = TinyVLM(perception="frame")
     frames = next(c[2] for c in clips if c[0] == "bikes.mp4")
@@ -189,9 +179,7 @@ def answer_rows(vlm, clips) -> list[dict]:
     """The committed weights, streaming each annotated video at 1 fps (phase 0) in 4-s clips: after each
     clip "what is in the video?" and "is there a X?" for every annotated thing, scored against the clip's
     annotation. "what" is right when it names something the clip shows and nothing it lacks."""
-    from models.tiny_vlm.labels import listing, mentioned
 
-    from .real_scenes import article
 
     rows = []
     for name, phase, frames, times, whole, video in clips:
@@ -236,9 +224,6 @@ def answer_scores(rows: list[dict]) -> dict:
 
 
 def run(args):
-    from models.tiny_vlm.encoder import FrameEncoder
-    from models.tiny_vlm.perception import PRESETS, Perceiver
-    from models.tiny_vlm.scenes import _video_path
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # CPU time per frame is the budget; one thread keeps it free of waiting threads
@@ -272,7 +257,6 @@ def run(args):
     table(details, things, base)
     answers = {}
     if not args.quick:
-        from models.tiny_vlm.model import TinyVLM
 
         for preset in ("frame", getattr(args, "perception", None) or CANDIDATE):
             vlm = TinyVLM(perception=preset)
@@ -304,10 +288,7 @@ def table(details: dict, things: list[str], base: float) -> None:
 
 
 def plot(path, details: dict, things: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     presets = list(details)
     fig, (ax, cost) = plt.subplots(1, 2, figsize=(13, 4), gridspec_kw={"width_ratios": [3, 1]})
@@ -333,8 +314,6 @@ def plot(path, details: dict, things: list[str]) -> None:
 def wall(presets=("frame", CANDIDATE), repeats: int = 3) -> dict[str, float]:
     """Median wall ms per frame of `TinyVLM.encode_clip` on 4-frame clips of bikes.mp4 with torch's own
     threads, the presets interleaved so a shared machine's load falls on each alike."""
-    from models.tiny_vlm.model import TinyVLM
-    from models.tiny_vlm.scenes import _video_path
 
     frames, _ = sample(_video_path("bikes.mp4"), 0.0)
     models = {p: TinyVLM(perception=p) for p in presets}
@@ -351,7 +330,6 @@ def wall(presets=("frame", CANDIDATE), repeats: int = 3) -> dict[str, float]:
 
 
 def main(argv=None) -> int:
-    import argparse
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.perception",
                                      description="wall ms per frame of tiny-vlm's ingest with each perception")

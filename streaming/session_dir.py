@@ -16,12 +16,14 @@ would have saved, with one warning saying what is no longer saved; the answers g
 
 import json
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
 from inf_mllm import diskio
 
 from .errors import ConfigError
+from .questions import Question
 
 SETTINGS, TRANSCRIPT, STORE = "session.json", "transcript.jsonl", "store"
 _NUMBER, _TEXT = (int, float), (str,)
@@ -74,9 +76,7 @@ class SessionDir:
     def open_store(self):
         """The span store in DIR/store/ (after the model loads: it brings torch). A folder already reported
         as not writable is not reported again by the store."""
-        import warnings
-
-        from inf_mllm.store import SpanStore
+        from inf_mllm.store import SpanStore  # lazy: the store brings torch; the folder opens before it loads
 
         if not self.path.exists():
             return SpanStore()
@@ -128,8 +128,6 @@ class SessionDir:
         """The questions a resumed run asks: those timed before the resume point that the transcript does not hold
         yet are asked at once (answered from the stored clips), with one line saying so; those it holds are not
         asked twice."""
-        from .questions import Question
-
         done = {row.get("question") for row in self.answered()}
         late = [q for q in questions if q.at is not None and q.at < resume_at]
         asked = [q for q in late if q.text not in done]

@@ -132,21 +132,11 @@ def test_stdout_filling_up_mid_run_is_one_line_and_the_answer_is_kept(tmp_path, 
 @pytest.fixture
 def served(tmp_path):
     """A 10 s MJPEG AVI (40 frames at 4 fps) served over HTTP by a thread of this process."""
-    import functools
-    import threading
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
-    from jetson.reliability import write_video
+    from jetson.reliability.media import serve_file, write_video
 
     write_video(tmp_path / "ten.avi", 64, 64, frames=40, fps=4.0, fourcc="MJPG")
-
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/ten.avi"
+    url, server = serve_file(tmp_path / "ten.avi")
+    yield url
     server.shutdown()
 
 

@@ -128,15 +128,20 @@ def cut_faststart(tmp: Path) -> str:
 # --- a live source that ends ------------------------------------------------------------------------
 
 
-def served_stream(tmp: Path) -> str:
-    """A real HTTP stream that ends after 3 s of video: an MJPEG AVI served by a local HTTP server
-    (a thread of this process), read by OpenCV's ffmpeg like any network camera."""
-    write_video(tmp / "live.avi", 64, 64, frames=12, fps=4.0, fourcc="MJPG")
+class _Quiet(SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
 
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp)))
+def serve_file(path: Path) -> tuple[str, ThreadingHTTPServer]:
+    """`path` served over HTTP on loopback by a thread of this process: (its URL, the server to shut down)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(path.parent)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}/live.avi"
+    return f"http://127.0.0.1:{server.server_address[1]}/{path.name}", server
+
+
+def served_stream(tmp: Path) -> str:
+    """A real HTTP stream that ends after 3 s of video: an MJPEG AVI served by a local HTTP server, read by
+    OpenCV's ffmpeg like any network camera."""
+    write_video(tmp / "live.avi", 64, 64, frames=12, fps=4.0, fourcc="MJPG")
+    return serve_file(tmp / "live.avi")[0]

@@ -5,17 +5,14 @@ that must follow the video's own clock.
 """
 
 import contextlib
-import functools
 import io
 import json
-import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from inf_mllm.diskio import FolderLock
 from streaming.questions import SAMPLE_QUESTION
 
-from .media import clip, write_video
+from .media import clip, serve_file, write_video
 
 HELD = []  # locks this process holds for a case's whole run: the "other writer"
 SHORT = ["--fast", "--clip-seconds", "5", "--max-new-tokens", "4", "--json"]
@@ -76,11 +73,4 @@ def bad_utf8_index(tmp: Path) -> Path:
 def served_video(tmp: Path) -> str:
     """A 10 s MJPEG AVI served over HTTP (a file, not a live stream) by a thread of this process."""
     write_video(tmp / "ten.avi", 64, 64, frames=40, fps=4.0, fourcc="MJPG")
-
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}/ten.avi"
+    return serve_file(tmp / "ten.avi")[0]

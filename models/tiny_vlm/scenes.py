@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import cv2
 import numpy as np
 import torch
 from safetensors.torch import load_file
@@ -127,22 +128,35 @@ def _video_path(name: str) -> Path:
     return Path(spec.origin).parent / "datasets" / "data" / name
 
 
-def read_frames(path: Path, count: int) -> np.ndarray:
-    """`count` RGB frames spread evenly over a video (OpenCV)."""
-    import cv2
-
+def video_shape(path: Path) -> tuple[float, int]:
+    """(frames per second, frame count) of a video, as OpenCV reports them."""
     cap = cv2.VideoCapture(str(path))
-    total = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
-    wanted = set(np.linspace(0, total - 1, count).round().astype(int).tolist())
-    frames, index = [], 0
-    while len(frames) < len(wanted):
+    try:
+        return cap.get(cv2.CAP_PROP_FPS), int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
+    finally:
+        cap.release()
+
+
+def frames_at(path: Path, indices) -> dict[int, np.ndarray]:
+    """RGB frames (OpenCV) at the given frame indices, read in one pass: {index: frame}."""
+    wanted, out, index = set(indices), {}, 0
+    cap = cv2.VideoCapture(str(path))
+    while len(out) < len(wanted):
         ok, bgr = cap.read()
         if not ok:
             break
         if index in wanted:
-            frames.append(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB))
+            out[index] = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
         index += 1
     cap.release()
+    return out
+
+
+def read_frames(path: Path, count: int) -> np.ndarray:
+    """`count` RGB frames spread evenly over a video (OpenCV)."""
+    total = video_shape(path)[1]
+    got = frames_at(path, np.linspace(0, total - 1, count).round().astype(int).tolist())
+    frames = [got[i] for i in sorted(got)]
     if not frames:
         raise AssetError(f"could not read frames from {path}")
     return np.stack(frames)
