@@ -58,31 +58,24 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.fsync(fd)
     except OSError:
         os.close(fd)
-        _remove_quietly(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
     os.close(fd)
     try:
         _before("rename", path)
         os.replace(tmp, path)
     except OSError:
-        _remove_quietly(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
         raise
-
-
-def _remove_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 def remove(path: Path) -> None:
     """Delete a file (missing is fine)."""
     _before("unlink", path)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def truncate(path: Path, size: int) -> None:
@@ -108,10 +101,8 @@ class AppendLog:
             _before("fsync", self.path, self.fd)
             os.fsync(self.fd)
         except OSError:
-            try:  # no half record left for the next append to land on
+            with contextlib.suppress(OSError):  # no half record left for the next append to land on
                 os.ftruncate(self.fd, size)
-            except OSError:
-                pass
             raise
 
     def close(self) -> None:

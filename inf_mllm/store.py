@@ -26,7 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import load, save
 
 from . import diskio, store_index
-from .budget import parse_bytes
+from .spec import parse_bytes
 
 
 @dataclass

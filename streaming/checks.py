@@ -5,6 +5,7 @@ A `UserError` becomes one line and exit 2. Anything else is a bug: exit 1, and t
 a log file whose path the one-line message names, so it is neither lost nor blamed on the user.
 """
 
+import contextlib
 import datetime
 import math
 import os
@@ -122,12 +123,10 @@ def write_bug_report(err: BaseException, prog: str = "stream-qa", argv=None) -> 
 def detach_stdout() -> None:
     """The reader of stdout has gone (`| head -1`): point fd 1 at /dev/null so the interpreter's final
     flush does not raise a second BrokenPipeError at exit."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):
-        pass
 
 
 class CheckedStdout:
@@ -171,11 +170,9 @@ def checked_stdout() -> CheckedStdout:
                           "/dev/null instead")
     full = stat.S_ISCHR(st.st_mode) and st.st_rdev == os.makedev(1, 7)  # /dev/full
     if stat.S_ISREG(st.st_mode):
-        try:
+        with contextlib.suppress(OSError):
             vfs = os.fstatvfs(1)
             full = vfs.f_bavail == 0 and vfs.f_blocks > 0
-        except OSError:
-            pass
     if full:
         raise OutputError("stdout goes to a full disk (no space left): the answers could not be written; free "
                           "some space or write them elsewhere")

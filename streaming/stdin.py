@@ -48,7 +48,7 @@ class StdinQuestions:
         except QuestionError as err:
             self.error = QuestionError(f"stdin: {err}")
         except (OSError, ValueError):  # stdin closed under us: no more questions
-            pass
+            return
         finally:
             self.eof.set()
 

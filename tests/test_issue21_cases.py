@@ -114,7 +114,7 @@ def test_stdout_filling_up_mid_run_is_one_line_and_the_answer_is_kept(tmp_path, 
             raise OSError(errno.ENOSPC, "No space left on device")
 
         def flush(self):
-            pass
+            """Nothing buffered: every write fails at once."""
 
     monkeypatch.setattr(sys, "stdout", FullDisk())
     folder = tmp_path / "s"

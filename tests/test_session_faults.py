@@ -15,6 +15,7 @@ started again in the same folder) and must answer. What is checked at every poin
 - the resumed (or restarted) session answers, and its transcript keeps every earlier answer.
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -112,10 +113,8 @@ def run(argv, capsys, faults=None, monkeypatch=None):
     captured = capsys.readouterr()
     answers = []
     for line in captured.out.splitlines():
-        try:
+        with contextlib.suppress(ValueError):  # a line the crash cut short was never printed whole
             answers.append(json.loads(line))
-        except ValueError:  # a line the crash cut short was never printed whole
-            pass
     return code, answers, captured.err
 
 
@@ -123,10 +122,8 @@ def transcript(folder) -> list[dict]:
     path = folder / "transcript.jsonl"
     rows = []
     for line in path.read_bytes().split(b"\n") if path.exists() else []:
-        try:
+        with contextlib.suppress(ValueError):  # a torn last line
             rows.append(json.loads(line))
-        except ValueError:
-            pass
     return rows
 
 

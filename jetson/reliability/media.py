@@ -130,7 +130,7 @@ def cut_faststart(tmp: Path) -> str:
 
 class _Quiet(SimpleHTTPRequestHandler):
     def log_message(self, *args):
-        pass
+        """No request lines on stderr: the cases read stderr for the product's own messages."""
 
 
 def serve_file(path: Path) -> tuple[str, ThreadingHTTPServer]:
