@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from inf_mllm.spec import SCORERS
+from streaming.intent import notes
 from streaming.sources import CaptureSource, SourceError, bundled_clip
 
 from .chat import MODELS, BadInput, Chat, Settings
@@ -170,7 +171,7 @@ def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 
                 yield chat, history, gr.skip(), gr.skip()
                 continue
             a = item
-            looked = "".join(f" · recalled clip {c['clip']} ({c['start']:.0f}–{c['end']:.0f} s)" for c in a.recalled)
+            looked = f" · {notes(a)}"
             history[-1] = {"role": "assistant", "content": f"{stamp}{a.answer}\n\n*{a.ttft_s:.2f} s to first token · "
                                                            f"{a.tokens_per_s:.0f} tokens/s · {a.kv_tokens} KV tokens"
                                                            f"{looked}*"}

@@ -94,9 +94,11 @@ def span_scores(question_keys: list[torch.Tensor], store: SpanStore, candidates:
 
 def choose(store: SpanStore, resident: set[int], recall: Recall, question_keys=None,
            named: Callable[[dict], bool] | None = None, oracle: Callable[[dict], bool] | None = None) -> list[int]:
-    """Span ids to link for a question, in time order. A question that names stored turns gets those
-    (none if they are all still cached); otherwise the k best matches among all stored turns, of which
-    the ones no longer cached are linked (a question about what the cache holds links little)."""
+    """Span ids to link for a question, in time order. When the caller resolved the turns the question
+    needs (`named`, a predicate on a span's meta), it gets those no longer cached, and nothing else:
+    none for a question about the present. Otherwise the k best matches of its keys among all stored
+    turns, linked only where they beat every turn still cached (the gate: a question the cache can
+    answer links nothing)."""
     candidates = [i for i in sorted(store.spans) if i not in resident]
     if not candidates:
         return []
@@ -107,15 +109,15 @@ def choose(store: SpanStore, resident: set[int], recall: Recall, question_keys=N
     if recall.mode == "random":
         return sorted(recall.rng.sample(candidates, min(recall.k, len(candidates))))
     if named is not None and recall.named:
-        hits = [i for i in sorted(store.spans) if named(store.spans[i].meta)]
-        if hits:
-            return [i for i in hits if i not in resident][: recall.k]
+        return [i for i in candidates if named(store.spans[i].meta)][-recall.k:]
     if question_keys is None:
         return []
     everyone = sorted(store.spans)
-    k = min(recall.k, len(everyone))
-    order = span_scores(question_keys, store, everyone).sum(dim=1).topk(k).indices
-    return sorted(everyone[i] for i in order.tolist() if everyone[i] not in resident)
+    scores = span_scores(question_keys, store, everyone).sum(dim=1)
+    cached = [j for j, i in enumerate(everyone) if i in resident]
+    bar = scores[cached].max() if cached else -float("inf")
+    order = scores.topk(min(recall.k, len(everyone))).indices.tolist()
+    return sorted(everyone[j] for j in order if everyone[j] not in resident and scores[j] > bar)
 
 
 # --- linking and unlinking --------------------------------------------------------------------------

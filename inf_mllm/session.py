@@ -146,8 +146,7 @@ class StreamSession:
         t0 = time.perf_counter()
         resident = recall_.resident_spans(self.cache, self.store, self.recall.resident)
         keys = None
-        if self.recall.mode == "attention" and len(resident) < len(self.store) and not (
-                named and self.recall.named and any(named(span.meta) for span in self.store.spans.values())):
+        if self.recall.mode == "attention" and len(resident) < len(self.store) and not (named and self.recall.named):
             keys = self._question_keys(probe_ids if probe_ids is not None else input_ids)
         chosen = recall_.choose(self.store, resident, self.recall, keys, named, oracle)
         linked = recall_.link(self.cache, self.store, chosen, self.recall.at)

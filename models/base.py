@@ -116,14 +116,25 @@ class VideoAdapter(ABC):
         session.append(self.system_ids(), store=False)
         return session
 
+    def clip_meta(self, visual: torch.Tensor, index: int, start_s: float, end_s: float | None) -> dict:
+        """What the engine's clip log and the span store keep of a clip: its index and video times, and
+        `seen`, the words its turn holds for what was recognised (adapters whose turns hold such words)."""
+        return {"clip": index, "start": round(start_s, 3), "end": round(end_s if end_s is not None else start_s, 3)}
+
     def append_clip(self, session: StreamSession, visual: torch.Tensor, index: int, start_s: float = 0.0,
-                    end_s: float | None = None) -> None:
+                    end_s: float | None = None) -> dict:
         """The model-thread half: put `encode`'s output into the session (here: as a clip turn); with
-        recall the turn is stored under its clip index and video times."""
-        meta = {"clip": index, "start": round(start_s, 3), "end": round(end_s if end_s is not None else start_s, 3)}
+        recall the turn is stored under its `clip_meta`, which is returned."""
+        meta = self.clip_meta(visual, index, start_s, end_s)
         before = self.text_ids(self.clip_text(index, start_s)[0]).shape[-1]  # where the visual tokens sit (VL-Cache)
         session.append(inputs_embeds=self.clip_turn(visual, index, start_s), meta=meta,
                        vision=(before, before + visual.shape[0]))
+        return meta
+
+    def phrase(self, intent, clip: int | None) -> str:
+        """The question as this model should read it, given its `streaming.intent.Intent` and the clip the
+        answer is about (None: the latest). Models that read plain words take it as asked."""
+        return intent.text
 
     def add_clip(self, session: StreamSession, frames: np.ndarray, timestamps: Sequence[float], index: int) -> None:
         visual = self.encode(frames, timestamps)

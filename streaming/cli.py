@@ -31,6 +31,7 @@ from .checks import (
     write_bug_report,
 )
 from .errors import ConfigError, environment_fault, is_user_error
+from .intent import notes
 from .memory import auto_budget_for, tune_allocator
 from .questions import (
     SAMPLE_QUESTION,
@@ -272,8 +273,7 @@ def _run(args, out) -> int:
         if args.json:
             out.write(json.dumps(answer.as_dict()) + "\n")
         else:
-            seen = "".join(f", recalled clip {c['clip']} ({c['start']:.0f}-{c['end']:.0f} s)" for c in answer.recalled)
-            out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens{seen})\n")
+            out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens; {notes(answer)})\n")
         out.flush()
 
     try:

@@ -28,7 +28,8 @@ import torch
 
 from .clips import clip_end, grouped
 from .errors import is_user_error
-from .questions import SAMPLE_QUESTION, Question, Schedule, references
+from .intent import Intent, Resolution, log_answer, read, resolve
+from .questions import SAMPLE_QUESTION, Question, Schedule
 
 
 @dataclass
@@ -51,6 +52,8 @@ class Answer:
     kv_mb: float
     rss_mb: float
     recalled: list = field(default_factory=list)  # stored clips linked back for this answer: {clip, start, end}
+    looked_up: str = ""  # what the question was read as asking for, and which clip answers it (`intent.py`)
+    source: str = "model"  # "model", or "clip log" for when/how-often answers read off the clip log
 
     def as_dict(self) -> dict:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
@@ -109,6 +112,7 @@ class TurnEngine:
         self.warn: Callable[[str], None] = _stderr_warning  # one line per fault; a caller may route it elsewhere
         self._failed_in_a_row = self._oom_attempts = 0
         self._min_budget: int | None = None
+        self.log: list[dict] = []  # metas of the clips this run appended (`clip_log`)
 
     # --- ingest thread --------------------------------------------------------------------------
 
@@ -198,12 +202,8 @@ class TurnEngine:
                 # questions due by the start of this clip go in before it; nothing is asked of an empty cache
                 for q in schedule.due(item.start) if self.telemetry.clips else []:
                     yield self.answer(q, on_token)
-                appended = self._append_clip(item)
-                self.video_t = item.end  # a dropped clip's time has passed all the same
-                if appended:
-                    self.telemetry.clips += 1
-                    if on_clip:
-                        on_clip(item)
+                if self.feed(item) and on_clip:
+                    on_clip(item)
             if self.error is not None:
                 raise self.error
             for q in [] if self.stop.is_set() else schedule.rest():  # asked after the video ended
@@ -212,11 +212,26 @@ class TurnEngine:
             self.stop.set()
             thread.join(timeout=5)
 
+    def feed(self, clip: Clip) -> bool:
+        """One clip turn, on the model thread; False when a fault dropped it (the session is as it was before
+        the turn, and the clip's time has passed all the same)."""
+        appended = self._append_clip(clip)
+        self.video_t = clip.end
+        if appended:
+            self.telemetry.clips += 1
+        return appended
+
+    def clip_log(self) -> list[dict]:
+        """Every clip's meta, by clip index: the clips of this run, and a resumed session's stored ones."""
+        stored = self.session.store.spans.values() if self.session.recall is not None else ()
+        metas = {m["clip"]: m for m in (s.meta for s in stored) if "clip" in m}
+        return sorted((metas | {m["clip"]: m for m in self.log}).values(), key=lambda m: m["clip"])
+
     def _append_clip(self, clip: Clip) -> bool:
-        """One clip turn; False when a fault dropped it (the session is as it was before the turn)."""
         while True:
             try:
-                self.adapter.append_clip(self.session, clip.visual, clip.index, clip.start, clip.end)
+                meta = self.adapter.append_clip(self.session, clip.visual, clip.index, clip.start, clip.end)
+                self.log.append(meta or {"clip": clip.index, "start": clip.start, "end": clip.end})
                 self._failed_in_a_row = self._oom_attempts = 0
                 return True
             except Exception as err:
@@ -276,28 +291,53 @@ class TurnEngine:
                 if is_user_error(err) or self._retry_after(err, where) is not None:
                     raise  # an answer that cannot be given ends the run: it is not dropped silently
 
+    def read(self, question: Question) -> tuple[Intent, Resolution]:
+        """What the question asks for and the clips that answer it (`intent.py`); in the oracle mode of the
+        benchmarks, the clips the oracle names."""
+        intent, log = read(question.text), self.clip_log()
+        resolution = resolve(intent, log, self.video_t)
+        recall = self.session.recall
+        if self.oracle is not None and recall is not None and recall.mode == "oracle":
+            truth = self.oracle(question)
+            targets = [m for m in log if truth(m)]
+            focus = targets[-1] if targets and targets[-1] is not log[-1] else None
+            resolution = Resolution(targets, focus, "oracle", resolution.hits)
+        return intent, resolution
+
     def answer(self, question: Question, on_token=None) -> Answer:
         if on_token:
             on_token(question, None)  # announces the question before its first token
         t0 = time.perf_counter()
-        pieces, first = [], None
-        extra = {"named": references(question.text)} if self.session.recall is not None else {}
-        if self.oracle:
-            extra["oracle"] = self.oracle(question)
-        for piece in self._ask(question, extra):
-            if first is None:
-                first = time.perf_counter()
-            pieces.append(piece)
+        intent, resolution = self.read(question)
+        direct = log_answer(intent, resolution)
+        pieces, first, recalled = [], None, []
+        if direct is not None:
+            pieces, first = [direct], time.perf_counter()
             if on_token:
-                on_token(question, piece)
+                on_token(question, direct)
+        else:
+            extra = {}
+            if self.session.recall is not None:
+                ids = {m["clip"] for m in resolution.targets}
+                extra["named"] = (lambda meta: meta.get("clip") in ids) if resolution.decided else None
+                if self.oracle:
+                    extra["oracle"] = self.oracle(question)
+            text = self.adapter.phrase(intent, resolution.focus["clip"] if resolution.focus else None)
+            for piece in self._ask(Question(text, question.at), extra):
+                if first is None:
+                    first = time.perf_counter()
+                pieces.append(piece)
+                if on_token:
+                    on_token(question, piece)
+            recalled = [{k: meta[k] for k in ("clip", "start", "end") if k in meta}
+                        for _, meta in self.session.last_recalled]
         end = time.perf_counter()
         first = first or end
         return Answer(
             video_t=self.video_t, question=question.text, answer="".join(pieces).strip(), ttft_s=first - t0,
-            tokens_per_s=self.session.last.tokens_per_s, kv_tokens=self.session.kv_tokens,
+            tokens_per_s=self.session.last.tokens_per_s if direct is None else 0.0, kv_tokens=self.session.kv_tokens,
             kv_mb=self.session.kv_bytes / 2**20, rss_mb=psutil.Process().memory_info().rss / 2**20,
-            recalled=[{k: meta[k] for k in ("clip", "start", "end") if k in meta}
-                      for _, meta in self.session.last_recalled])
+            recalled=recalled, looked_up=resolution.why, source="model" if direct is None else "clip log")
 
 
 def _first_line(err: BaseException) -> str:

@@ -96,9 +96,10 @@ class MemoryAdapter(VideoAdapter):
 
     @torch.no_grad()
     def append_clip(self, session: StreamSession, visual: torch.Tensor, index: int, start_s: float = 0.0,
-                    end_s: float | None = None) -> None:
+                    end_s: float | None = None) -> dict:
         """`encode`'s features go into the memory; nothing enters the cache until a question reads it out."""
         self.remember(visual, start_s)
+        return self.clip_meta(visual, index, start_s, end_s)
 
     def ask(self, session: StreamSession, question: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
         """Append read-out + question as one turn (no eviction between them) and stream the answer."""

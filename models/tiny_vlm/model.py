@@ -18,9 +18,11 @@ from torch import nn
 from inf_mllm import AssetError, load_model
 
 from ..base import AdapterInfo, VideoAdapter
+from .data import named_text
 from .encoder import FEATURE_DIM, GRID, PARTS
 from .labels import MAX_LABELS, display, label_text
 from .perception import DEFAULT, Perceiver, Perception
+from .scenes import article
 
 WEIGHTS = Path(__file__).parent / "weights"
 LABEL_MODES = ("text", "pooled", "none")
@@ -222,6 +224,34 @@ class TinyVLM(TinyTurns, VideoAdapter):
         in the clip turn."""
         visual, probs = self.encode_parts(frames)
         return self.clip_embeddings(visual, self.perceive(frames, probs))
+
+    def clip_meta(self, visual: torch.Tensor, index: int, start_s: float, end_s: float | None) -> dict:
+        """With `seen`: the words of the clip's label text, read back from its embeddings (in "text" mode they
+        are token embeddings, so the nearest token is exact)."""
+        meta = super().clip_meta(visual, index, start_s, end_s)
+        if self.label_mode != "text" or visual.shape[0] <= GRID * GRID:
+            return meta
+        table = self.model.get_input_embeddings().weight
+        if getattr(self, "_table_norms", None) is None:
+            self._table_norms = table.float().pow(2).sum(dim=-1)
+        rows = visual[GRID * GRID:].to(table.device, torch.float32)
+        ids = (self._table_norms - 2 * rows @ table.float().T).argmin(dim=-1)
+        text = self.tokenizer.decode(ids.tolist()).strip()
+        meta["seen"] = text.removeprefix("Seen:").strip().rstrip(".")
+        return meta
+
+    def phrase(self, intent, clip: int | None) -> str:
+        """In the forms tiny-vlm was trained on (`scenes.py`): "is there a cat?", "what is in the video?", and
+        "In clip N, …" about a clip that is not the latest; a question that names its clip stays as asked."""
+        if intent.when == "named":
+            return intent.text
+        if intent.kind == "is" and intent.things:
+            core = f"is there {article(intent.things[0])} {intent.things[0]}?"
+        elif intent.kind == "what":
+            core = "what is in the video?"
+        else:
+            core = intent.core
+        return core if clip is None else named_text(core, clip)
 
     def project(self, features: torch.Tensor) -> torch.Tensor:
         return self.projector(features.to(self.device, torch.float32))

@@ -1,0 +1,207 @@
+"""What a question in plain words asks about, and which clips answer it.
+
+People ask "did you see a cat?", "is there a car now?", "what was on screen at the start?", "when did
+the rocket appear?", "what did you see just before the horse?"; they do not name clips. `read` turns a
+question into an `Intent`: its kind (yes/no, what, when, how many), the things it is about, and where
+in time it looks (now, any time so far, the first or last time, the start, N minutes ago, just before
+or after a thing, or a clip or time it names). `resolve` then picks the clips that answer it from the
+log of every clip's meta ({clip, start, end, seen}: `seen` holds the words the adapter's perception
+wrote into the clip's turn), by words against words, without the model: the latest clip that saw the
+thing, the clip a minute back, the first clip. The engine links the picked clips that have left the
+cache (recall) and nothing else, so a question about the present links nothing; an adapter may phrase
+the question the way its model was trained to read it (`VideoAdapter.phrase`). When and how often are
+facts of the clip log, answered from it (`log_answer`).
+"""
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .questions import references
+
+KINDS = ("is", "what", "when", "count", "other")
+WHENS = ("now", "past", "first", "last", "start", "ago", "before", "after", "named")
+
+_UNITS = {"second": 1, "sec": 1, "minute": 60, "min": 60, "hour": 3600}
+_NUMBER_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "ten": 10, "few": 3,
+                 "half": 0.5, "couple": 2}
+_TIME_PHRASES = [  # (when, pattern): the first that matches decides; its words are not things
+    ("start", r"\b(?:at|in|from) the (?:very )?(?:start|beginning)(?: of the (?:video|stream))?\b|\bat first\b"
+              r"|\bfirst (?:clip|scene|thing)\b"),
+    ("ago", r"\b(?:(an?|one|two|three|four|five|ten|few|half|couple|\d+(?:\.\d+)?)\s+(?:of\s+)?)?"
+            r"(?:an?\s+)?(second|sec|minute|min|hour)s?\s+ago\b"),
+    ("before", r"\b(?:just |right |shortly |immediately )?before (?:the |a |an |you saw (?:the |a |an )?)?([a-z-]+)"),
+    ("after", r"\b(?:just |right |shortly |immediately )?after (?:the |a |an |you saw (?:the |a |an )?)?([a-z-]+)"),
+    ("last", r"\b(?:the )?last time\b|\blast (?:see|saw|seen)\b|\bmost recently\b|\blatest\b"),
+    ("first", r"\b(?:the )?first time\b|\bfirst (?:see|saw|seen)\b|\bappear(?:ed|s)?\b|\bshow(?:ed|n)? up\b"),
+    ("now", r"\bright now\b|\bnow\b|\bcurrently\b|\bat the moment\b|\bat present\b"),
+]
+_PAST = re.compile(r"\b(?:did|was|were|saw|seen|had|earlier|ever|so far|previously|already|before|been)\b")
+_STOP = frozenset("""
+a an the any some this that these those it its there here is are was were be been being did do does done have
+has had can could would will shall should may might i you we me us your my our what which who whom whose when
+where why how many much often times time ever so far now right currently moment present earlier previously
+already just again else also see seen saw seeing look looked notice noticed spot spotted show shown showed
+appear appeared appears up on in at of to from for with by about during video stream screen clip clips scene
+thing things anything something everything nothing visible tell please last first start beginning end
+""".split())
+
+
+@dataclass(frozen=True)
+class Intent:
+    text: str
+    kind: str  # KINDS: "is" (yes/no), "what", "when", "count", "other"
+    when: str  # WHENS: where in time the question looks
+    things: tuple[str, ...] = ()  # the words it asks about, in its own order ("cat")
+    core: str = ""  # the question without its time phrase ("what did you see?")
+    ago_s: float = 0.0  # "ago": how far back
+    anchor: str | None = None  # "before"/"after": the thing the time is relative to
+    named: Callable[[dict], bool] | None = field(default=None, compare=False)  # "named": clips or times it names
+
+
+@dataclass
+class Resolution:
+    targets: list[dict]  # metas of the clips that answer the question, in time order (empty: the present)
+    focus: dict | None  # the clip the answer is about; None: the latest, as a plain question asks
+    why: str  # one line for the user: what was looked up and found
+    hits: list[dict] = field(default_factory=list)  # every clip that saw the thing (counts, first/last)
+    decided: bool = True  # False: the question needs words the clips do not carry (recall ranks by keys)
+
+
+def singular(word: str) -> list[str]:
+    """The word and the forms it may have in the singular ("buses" → "buse", "bus")."""
+    out = [word]
+    if word.endswith("ies") and len(word) > 4:
+        out.append(word[:-3] + "y")
+    if word.endswith("es") and len(word) > 3:
+        out.append(word[:-2])
+    if word.endswith("s") and not word.endswith("ss") and len(word) > 3:
+        out.append(word[:-1])
+    return out
+
+
+def sees(meta: dict, thing: str) -> bool:
+    """Whether a clip's `seen` words name `thing` (a whole word, singular or plural)."""
+    seen = meta.get("seen", "").lower()
+    return any(re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", seen) for w in singular(thing))
+
+
+def read(text: str) -> Intent:
+    """The intent of one question (any text: one that says nothing of time or things reads as the present)."""
+    low = " ".join(re.sub(r"[^\w\s:'-]", " ", text.lower()).split())
+    kind = ("count" if re.match(r"how (?:many times|often)\b", low) else
+            "when" if re.match(r"(?:and )?when\b", low) else
+            "what" if re.match(r"what(?:'s)?\b(?! (?:animal|vehicle|food|colou?r|shape|kind)\b)", low) else
+            "is" if re.match(r"(?:is|are|was|were|did|do|does|have|has|can|could)\b", low) else "other")
+    when, ago_s, anchor, rest = None, 0.0, None, low
+    named = references(text)
+    if named is not None:
+        when = "named"
+    else:
+        for name, pattern in _TIME_PHRASES:
+            m = re.search(pattern, low)
+            if not m:
+                continue
+            when = name
+            if name == "ago":
+                count = m.group(1) or "a"
+                ago_s = (_NUMBER_WORDS[count] if count in _NUMBER_WORDS else float(count)) * _UNITS[m.group(2)]
+            if name in ("before", "after"):
+                anchor = m.group(1)
+            rest = (low[: m.start()] + " " + low[m.end():]).strip()
+            break
+    if when is None:
+        when = "past" if _PAST.search(low) or kind in ("when", "count") else "now"
+    if when == "first" and kind == "is" and not _PAST.search(low):
+        when = "past"
+    things = tuple(w for w in re.findall(r"[a-z][a-z-]*", rest) if w not in _STOP and len(w) > 1)
+    core = " ".join(re.sub(r"\s+", " ", rest).split()).rstrip(" ?") + "?" if rest != low else text.strip()
+    return Intent(text, kind, when, things, core, ago_s, anchor, named)
+
+
+def _runs(hits: list[dict]) -> list[list[dict]]:
+    """Hits grouped into runs of consecutive clips: one sighting that lasts several clips counts once."""
+    runs: list[list[dict]] = []
+    for meta in hits:
+        if runs and meta["clip"] == runs[-1][-1]["clip"] + 1:
+            runs[-1].append(meta)
+        else:
+            runs.append([meta])
+    return runs
+
+
+def resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
+    """The clips that answer `intent`, from the clip log (metas in clip order) at video time `now`."""
+    log = sorted(log, key=lambda m: m["clip"])
+    if not log:
+        return Resolution([], None, "no clip yet")
+    thing = next((t for t in intent.things if any(sees(m, t) for m in log)), None)
+    asked = thing or (intent.things[0] if intent.things else None)
+    hits = [m for m in log if sees(m, thing)] if thing else []
+
+    def one(meta: dict | None, why: str) -> Resolution:
+        if meta is None:
+            return Resolution([], None, why, hits)
+        return Resolution([meta], None if meta is log[-1] else meta, f"{why}: clip {meta['clip']} "
+                          f"({clock(meta['start'])}-{clock(meta['end'])})", hits)
+
+    if intent.when == "named":
+        targets = [m for m in log if intent.named(m)]
+        focus = targets[-1] if targets else None
+        return Resolution(targets, None if focus is log[-1] else focus,
+                          f"named: clip {', '.join(str(m['clip']) for m in targets)}" if targets else
+                          "the clip or time named has not been seen", hits)
+    if intent.when == "start":
+        return one(log[0], "the start")
+    if intent.when == "ago":
+        t = max(0.0, now - intent.ago_s)
+        return one(min(log, key=lambda m: 0 if m["start"] <= t < m["end"] else min(abs(m["start"] - t),
+                                                                                  abs(m["end"] - t))),
+                   f"{intent.ago_s:g} s ago")
+    if intent.when != "now" and not any(m.get("seen") for m in log):
+        return Resolution([], None, "no words for what the clips show: matched by keys", decided=False)
+    if intent.when in ("before", "after"):
+        marks = [m for m in log if sees(m, intent.anchor)]
+        if not marks:
+            return one(None, f"no {intent.anchor} seen")
+        run = _runs(marks)[-1]
+        edge = run[0]["clip"] - 1 if intent.when == "before" else run[-1]["clip"] + 1
+        return one(next((m for m in log if m["clip"] == edge), None), f"{intent.when} the {intent.anchor}")
+    if intent.when == "now" or asked is None:
+        return Resolution([], None, "the present: nothing looked up", hits)
+    if not hits:
+        return Resolution([], None, f"no {asked} seen in {len(log)} clip(s)", hits)
+    if intent.kind == "count":
+        return Resolution([], None, f"{asked}: seen in {len(hits)} clip(s)", hits)
+    first = intent.when == "first" or (intent.kind == "when" and intent.when != "last")
+    return one(hits[0] if first else hits[-1], f"{'first' if first else 'last'} {asked}")
+
+
+def log_answer(intent: Intent, resolution: Resolution) -> str | None:
+    """The answer to "when …?" and "how many times …?" about a thing, read off the clip log (None: the
+    model answers)."""
+    if intent.when in ("now", "named", "start", "ago", "before", "after") or not intent.things:
+        return None
+    if intent.kind == "count":
+        n = len(_runs(resolution.hits))
+        return {0: "never", 1: "once", 2: "twice"}.get(n, f"{n} times")
+    if intent.kind == "when":
+        if not resolution.targets:
+            return "never"
+        meta = resolution.targets[0]
+        return f"at {clock(meta['start'])} (clip {meta['clip']})"
+    return None
+
+
+def clock(seconds: float) -> str:
+    """"1:05" or "1:02:03" for a video time."""
+    s = int(seconds)
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+def notes(answer) -> str:
+    """What an engine `Answer` looked up and linked, in a few words for the user ("last cat: clip 12 (0:44-0:48),
+    recalled clip 12")."""
+    linked = ", ".join(f"clip {c['clip']}" for c in answer.recalled)
+    return answer.looked_up + (f"; recalled {linked}" if linked else "") + (
+        "; read off the clip log" if answer.source != "model" else "")
