@@ -1,11 +1,12 @@
 """`python -m benchmarks NAME [--quick] [--out DIR]`: stream_ppl, retrieval, latency, tiny_vlm, video_qa, and
-arena (every policy on stream_ppl, retrieval and video_qa at the same budgets)."""
+arena (every policy on stream_ppl, retrieval and video_qa at the same budgets), natural (plain-words questions
+over an hour of real footage)."""
 
 import argparse
 import importlib
 import sys
 
-NAMES = ("stream_ppl", "retrieval", "latency", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception")
+NAMES = ("stream_ppl", "retrieval", "latency", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural")
 
 
 def main(argv=None) -> int:

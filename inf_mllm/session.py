@@ -55,6 +55,7 @@ class StreamSession:
         self._pending: torch.Tensor | None = None  # (B, 1) last answer token, not yet in the cache
         self._logits: torch.Tensor | None = None
         self._decoding = None  # the paused decode loop of an unfinished answer
+        self._forget_at: list | None = None  # cache marks before a question that leaves with its answer
         self.store = None
         if self.recall is not None:
             if batch != 1:
@@ -82,9 +83,16 @@ class StreamSession:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("append takes exactly one of input_ids or inputs_embeds")
         self._end_answer()
+        self._forget_question()
         if self.recall is not None:
             recall_.unlink(self.cache)
         return self._prefill(input_ids, inputs_embeds, evict, store, meta, vision)
+
+    def _forget_question(self) -> None:
+        """A question asked with keep=False leaves, with its answer, as the next turn begins."""
+        if self._forget_at is not None:
+            self.cache.rollback(self._forget_at)
+            self._forget_at, self._pending = None, None
 
     def _end_answer(self) -> None:
         """A turn arrives while an answer is paused mid-generation: that answer ends here."""
@@ -134,14 +142,23 @@ class StreamSession:
     @torch.inference_mode()
     def append_question(self, input_ids: torch.Tensor, probe_ids: torch.Tensor | None = None,
                         named: Callable[[dict], bool] | None = None,
-                        oracle: Callable[[dict], bool] | None = None) -> torch.Tensor:
+                        oracle: Callable[[dict], bool] | None = None, keep: bool = True) -> torch.Tensor:
         """A question turn: with recall, the stored turns it needs are linked back first (those `named`
         by the question, then the best matches of its keys: `probe_ids`, default the turn itself), and
-        it does not evict them. `oracle` is the right span, for the oracle mode of the benchmarks."""
+        it does not evict them. `oracle` is the right span, for the oracle mode of the benchmarks.
+
+        keep=False: the question and its answer leave the cache when the next turn begins (nothing is
+        evicted for them), so an answer about one clip cannot sway the next question about another;
+        policies that evict while decoding keep them."""
         self.last_recalled = []
         self._end_answer()
+        self._forget_question()
+        keep = keep or self.cache.policy.evict_while_decoding
         if self.recall is None:
-            return self.append(input_ids, store=False)
+            marks = None if keep else self.cache.mark()
+            logits = self.append(input_ids, store=False, evict=keep)
+            self._forget_at = marks
+            return logits
         recall_.unlink(self.cache)
         t0 = time.perf_counter()
         resident = recall_.resident_spans(self.cache, self.store, self.recall.resident)
@@ -151,7 +168,9 @@ class StreamSession:
         chosen = recall_.choose(self.store, resident, self.recall, keys, named, oracle)
         linked = recall_.link(self.cache, self.store, chosen, self.recall.at)
         spent = time.perf_counter() - t0
-        logits = self._prefill(input_ids, None, evict=not linked, store=False, meta=None)
+        marks = None if keep else self.cache.mark()
+        logits = self._prefill(input_ids, None, evict=keep and not linked, store=False, meta=None)
+        self._forget_at = marks
         self.last.recall_s = spent
         self.last_recalled = [(i, self.store.spans[i].meta) for i in linked if i in self.store]
         return logits

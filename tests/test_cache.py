@@ -178,3 +178,27 @@ def test_kv_bytes_track_tokens(smol):
     session = StreamSession(model, tok, "streaming_llm", budget=64)
     session.append(torch.randint(100, 20000, (1, 200)))
     assert session.kv_bytes == 64 * 2 * 3 * 64 * 4 * model.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("policy", ["inf_mllm", "inf_mllm+recall"])
+def test_a_question_asked_with_keep_false_leaves_no_trace(smol, policy):
+    """keep=False: the question and its answer leave as the next turn begins, so the next turn and
+    question see exactly the cache they would have seen had it never been asked."""
+    model, tok = smol
+
+    def ids(text):
+        return tok(text, return_tensors="pt", add_special_tokens=False).input_ids
+
+    def session(ask_first: bool):
+        s = StreamSession(model, tok, policy, budget=48, window=8)
+        for line in ("The red fox jumps over the fence.\n", "Paris is the capital of France.\n") * 3:
+            s.append(ids(line))
+        if ask_first:
+            s.append_question(ids("What colour is the fox?"), keep=False)
+            assert len(list(s.generate(5))) == 5
+        s.append(ids("The secret number is 4721.\n"))
+        return s, s.kv_tokens, s.append_question(ids("What is the secret number?"))
+
+    (_, kv_plain, plain), (_, kv_asked, asked) = session(False), session(True)
+    assert kv_plain == kv_asked
+    assert (plain - asked).abs().max() < 1e-4

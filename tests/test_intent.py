@@ -1,0 +1,111 @@
+"""Questions in plain words (`streaming/intent.py`): what they ask, which clips answer them, the answers
+read off the clip log, and, on the real tiny-vlm with real photos, recall that links the clip a question
+needs and nothing for a question about the present."""
+
+import pytest
+
+from streaming.intent import clock, log_answer, notes, read, resolve
+
+SEEN = ["clock", "tram", "Egyptian Mau (cat), tabby cat", "Egyptian Mau (cat), tabby cat", "suit (person), "
+        "mountain bike (bicycle)", "espresso (coffee), cup", "sorrel (horse)", "missile (rocket)", "tram",
+        "tabby cat"]
+LOG = [{"clip": i, "start": 4.0 * (i - 1), "end": 4.0 * i, "seen": s} for i, s in enumerate(SEEN, start=1)]
+NOW = 40.0
+
+
+@pytest.mark.parametrize("text, kind, when, things", [
+    ("did you see a cat?", "is", "past", ("cat",)),
+    ("Is there a car now?", "is", "now", ("car",)),
+    ("is there a bicycle?", "is", "now", ("bicycle",)),
+    ("when did the rocket appear?", "when", "first", ("rocket",)),
+    ("when did you last see a cat?", "when", "last", ("cat",)),
+    ("what did you see just before the horse?", "what", "before", ()),
+    ("what was on screen at the start?", "what", "start", ()),
+    ("how many times did you see a bicycle?", "count", "past", ("bicycle",)),
+    ("what did you see a minute ago?", "what", "ago", ()),
+    ("have you seen any dogs?", "is", "past", ("dogs",)),
+    ("what is on screen?", "what", "now", ()),
+    ("In clip 3, what is it?", "other", "named", ()),
+])
+def test_reading_a_question(text, kind, when, things):
+    intent = read(text)
+    assert (intent.kind, intent.when, intent.things) == (kind, when, things)
+
+
+@pytest.mark.parametrize("text, targets, focus", [
+    ("did you see a cat?", [10], None),  # the latest cat is the latest clip: asked as is
+    ("did you see a bicycle?", [5], 5),
+    ("did you see cats?", [10], None),  # plural
+    ("have you seen a dog?", [], None),  # never seen: nothing to link
+    ("is there a cup now?", [], None),  # the present links nothing, even when a past clip saw a cup
+    ("when did the cat appear?", [3], 3),
+    ("what did you see just before the horse?", [6], 6),
+    ("what did you see just after the horse?", [8], 8),
+    ("what was on screen at the start?", [1], 1),
+    ("what did you see half a minute ago?", [3], 3),  # 40 s - 30 s = 10 s: clip 3 (8-12 s)
+    ("In clip 4, is there a cat?", [4], 4),
+    ("at 0:21, what did you see?", [6], 6),
+])
+def test_resolving_against_the_clip_log(text, targets, focus):
+    got = resolve(read(text), LOG, NOW)
+    assert [m["clip"] for m in got.targets] == targets, got.why
+    assert (got.focus or {}).get("clip") == focus
+
+
+def test_when_and_how_often_are_read_off_the_clip_log():
+    def answer(text):
+        intent = read(text)
+        return log_answer(intent, resolve(intent, LOG, NOW))
+
+    assert answer("when did the rocket appear?") == "at 0:28 (clip 8)"
+    assert answer("when did you last see a cat?") == "at 0:36 (clip 10)"
+    assert answer("how many times did you see a cat?") == "twice"  # clips 3-4 are one sighting, 10 another
+    assert answer("how many times did you see a dog?") == "never"
+    assert answer("when did the dog appear?") == "never"
+    assert answer("did you see a cat?") is None and answer("what was on screen at the start?") is None
+
+
+def test_clips_without_words_leave_the_choice_to_the_keys():
+    """Adapters whose turns carry no words (the 7B ports): a past question is not decided by words."""
+    bare = [{k: v for k, v in m.items() if k != "seen"} for m in LOG]
+    assert not resolve(read("did you see a cat?"), bare, NOW).decided
+    assert resolve(read("is there a cat now?"), bare, NOW).decided
+    assert resolve(read("what was on screen at the start?"), bare, NOW).targets == [bare[0]]
+
+
+def test_clock_and_notes():
+    assert (clock(65), clock(3723)) == ("1:05", "1:02:03")
+
+    class Answer:
+        looked_up, source, recalled = "last cat: clip 3 (0:08-0:12)", "model", [{"clip": 3, "start": 8, "end": 12}]
+
+    assert notes(Answer) == "last cat: clip 3 (0:08-0:12); recalled clip 3"
+
+
+@pytest.mark.parametrize("policy", ["inf_mllm", "inf_mllm+recall"])
+def test_plain_words_about_an_evicted_photo_on_real_tiny_vlm(vlm, policy):
+    """A cat photo, then eight clips of real street video push it out of a 256-token cache. "did you see a
+    cat?" finds the clip by its words; with recall it is linked back and answered yes, without it the
+    clip is gone; "is there a cat now?" links nothing and is answered no, with and without recall."""
+    import torch
+
+    from benchmarks.natural import encode_pieces
+    from streaming.engine import Clip, TurnEngine
+    from streaming.questions import Question
+
+    order = ["chelsea"] + ["bikes-a", "bikes-b", "carphone", "bunny-a"] * 2
+    visual = encode_pieces(vlm, set(order))
+    session = vlm.new_session(policy, budget=256)
+    engine = TurnEngine(vlm, session, max_new_tokens=6)
+    with torch.inference_mode():
+        for k, name in enumerate(order):
+            engine.feed(Clip(k + 1, 4.0 * k, 4.0 * (k + 1), visual[name], 0.0))
+        assert "cat" in engine.log[0]["seen"]
+        past = engine.answer(Question("did you see a cat?"))
+        now = engine.answer(Question("is there a cat now?"))
+    assert past.looked_up.startswith("last cat: clip 1")
+    assert now.recalled == [] and now.answer.startswith("no")
+    if policy == "inf_mllm+recall":
+        assert [c["clip"] for c in past.recalled] == [1] and past.answer.startswith("yes")
+    else:
+        assert past.recalled == []
