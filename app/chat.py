@@ -35,7 +35,7 @@ class BadInput(ValueError):
 @dataclass(frozen=True)
 class Settings:
     model: str = "tiny-vlm"
-    policy: str = "inf_mllm"
+    policy: str = "inf_mllm+recall"
     budget: str = "256"
     bias: float | None = None
     window: int | None = None

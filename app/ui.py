@@ -218,7 +218,7 @@ def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 
                 with gr.Accordion("Model and cache", open=False):
                     with gr.Row():
                         model = gr.Dropdown(MODELS, value=MODELS[0], label="Model")
-                        policy = gr.Dropdown([*SCORERS, "inf_mllm+recall"], value="inf_mllm", label="Policy")
+                        policy = gr.Dropdown([*SCORERS, "inf_mllm+recall"], value="inf_mllm+recall", label="Policy")
                     with gr.Row():
                         budget = gr.Textbox("256", label="Budget (tokens, or e.g. 8MB)", elem_id="budget")
                         bias = gr.Textbox("", label="Bias b", placeholder="policy default", elem_id="bias")

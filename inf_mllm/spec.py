@@ -59,7 +59,7 @@ class Recall:
 
     mode: str = "attention"
     k: int = 4
-    named: bool = True  # link the turns a question names (clip, time) before ranking the rest by keys
+    named: bool = True  # link exactly the turns the caller resolved a question to (`named`); False: keys only
     at: str = "end"  # where recalled spans sit: "end" (before the question) or "front" (after the sinks)
     reps: int = 32  # representative keys per scoring layer and KV head, besides the mean key
     layers: tuple[int, ...] | None = (5, 7)  # the layers whose keys score spans (None: every layer)

@@ -49,7 +49,8 @@ from .soak import QUESTION, EveryKRounds, describe, parse_soak, run_soak, verdic
 from .sources import bundled_clip, open_source
 from .stdin import StdinQuestions
 
-DEFAULT_QUESTIONS = ("what is in the video? @4s", "is there a bicycle? @8s", "In clip 1, what did you see? @10s")
+DEFAULT_QUESTIONS = ("what is on screen? @4s", "is there a bicycle now? @8s", "what was on screen at the start? @10s",
+                     "did you see a person? @10s", "when did the bicycle appear? @10s")
 EXIT_BAD_INPUT, EXIT_SOAK_FAILED, EXIT_INTERRUPTED = 2, 3, 130
 
 
@@ -67,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--clip-seconds", type=float, default=4.0, help="video seconds per clip turn (default 4)")
     src.add_argument("--fast", action="store_true", help="read files as fast as possible instead of in real time")
     src.add_argument("--loop", type=int, default=1, metavar="N", help="play a file N times in a row")
-    q = p.add_argument_group("questions (default: three sample questions)")
+    q = p.add_argument_group("questions (default: five sample questions)")
     q.add_argument("--ask", action="append", default=[], metavar="TEXT", help='a question, optionally "… @30s"')
     q.add_argument("--every", metavar="TIME", help="ask --question every TIME of video (e.g. 30s)")
     q.add_argument("--question", help="the question for --every")
@@ -75,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("model and cache")
     m.add_argument("--model", nargs="+", default=["tiny-vlm"], metavar="NAME [PATH]",
                    help="tiny-vlm | chat-univi PATH | flash-vstream PATH (default tiny-vlm)")
-    m.add_argument("--policy", default="inf_mllm", help="cache policy (python -m inf_mllm policies)")
+    m.add_argument("--policy", default="inf_mllm+recall",
+                   help="cache policy (python -m inf_mllm policies; default inf_mllm+recall)")
     m.add_argument("--budget", default="512", help="KV budget: tokens per layer, or memory such as 512MB")
     m.add_argument("--bias", type=float, help="inf_mllm attention bias b")
     m.add_argument("--window", type=int, help="inf_mllm retrieval window l")

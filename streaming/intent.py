@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from .questions import references
 
 KINDS = ("is", "what", "when", "count", "other")
-WHENS = ("now", "past", "first", "last", "start", "ago", "before", "after", "named")
+WHENS = ("now", "past", "first", "last", "start", "ago", "within", "before", "after", "named")
 
 _UNITS = {"second": 1, "sec": 1, "minute": 60, "min": 60, "hour": 3600}
 _NUMBER_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "ten": 10, "few": 3,
@@ -30,6 +30,8 @@ _TIME_PHRASES = [  # (when, pattern): the first that matches decides; its words 
               r"|\bfirst (?:clip|scene|thing)\b"),
     ("ago", r"\b(?:(an?|one|two|three|four|five|ten|few|half|couple|\d+(?:\.\d+)?)\s+(?:of\s+)?)?"
             r"(?:an?\s+)?(second|sec|minute|min|hour)s?\s+ago\b"),
+    ("within", r"\b(?:in|during|within|over) the (?:last|past)\s+(?:(an?|one|two|three|four|five|ten|few|half|couple"
+               r"|\d+(?:\.\d+)?)\s+(?:of\s+)?)?(?:an?\s+)?(second|sec|minute|min|hour)s?\b"),
     ("before", r"\b(?:just |right |shortly |immediately )?before (?:the |a |an |you saw (?:the |a |an )?)?([a-z-]+)"),
     ("after", r"\b(?:just |right |shortly |immediately )?after (?:the |a |an |you saw (?:the |a |an )?)?([a-z-]+)"),
     ("last", r"\b(?:the )?last time\b|\blast (?:see|saw|seen)\b|\bmost recently\b|\blatest\b"),
@@ -43,8 +45,14 @@ has had can could would will shall should may might i you we me us your my our w
 where why how many much often times time ever so far now right currently moment present earlier previously
 already just again else also see seen saw seeing look looked notice noticed spot spotted show shown showed
 appear appeared appears up on in at of to from for with by about during video stream screen clip clips scene
-thing things anything something everything nothing visible tell please last first start beginning end
+thing things anything something everything nothing visible tell please last first start beginning end still
+next go goes went gone going pass passed passing come came by around near other any kind sort there's
 """.split())
+# the word a clip's labels use for what people call otherwise ("people" are a "person" there)
+_SAME = {"people": "person", "man": "person", "men": "person", "woman": "person", "women": "person",
+         "someone": "person", "somebody": "person", "anyone": "person", "anybody": "person", "guy": "person",
+         "bike": "bicycle", "bikes": "bicycle", "cyclist": "bicycle", "kitten": "cat", "kitty": "cat",
+         "puppy": "dog", "automobile": "car", "motorbike": "motorcycle", "mug": "cup", "bunny": "rabbit"}
 
 
 @dataclass(frozen=True)
@@ -103,7 +111,7 @@ def read(text: str) -> Intent:
             if not m:
                 continue
             when = name
-            if name == "ago":
+            if name in ("ago", "within"):
                 count = m.group(1) or "a"
                 ago_s = (_NUMBER_WORDS[count] if count in _NUMBER_WORDS else float(count)) * _UNITS[m.group(2)]
             if name in ("before", "after"):
@@ -114,7 +122,8 @@ def read(text: str) -> Intent:
         when = "past" if _PAST.search(low) or kind in ("when", "count") else "now"
     if when == "first" and kind == "is" and not _PAST.search(low):
         when = "past"
-    things = tuple(w for w in re.findall(r"[a-z][a-z-]*", rest) if w not in _STOP and len(w) > 1)
+    words = [_SAME.get(w, w) for w in re.findall(r"[a-z][a-z-]*", rest) if w not in _STOP and len(w) > 1]
+    things = tuple(reversed(words))  # the last noun is most often the thing ("is there a man in a suit")
     core = " ".join(re.sub(r"\s+", " ", rest).split()).rstrip(" ?") + "?" if rest != low else text.strip()
     return Intent(text, kind, when, things, core, ago_s, anchor, named)
 
@@ -167,6 +176,10 @@ def resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
         run = _runs(marks)[-1]
         edge = run[0]["clip"] - 1 if intent.when == "before" else run[-1]["clip"] + 1
         return one(next((m for m in log if m["clip"] == edge), None), f"{intent.when} the {intent.anchor}")
+    if intent.when == "within":
+        hits = [m for m in hits if m["end"] > now - intent.ago_s]
+        if not hits:
+            return one(None, f"no {asked} in the last {intent.ago_s:g} s")
     if intent.when == "now" or asked is None:
         return Resolution([], None, "the present: nothing looked up", hits)
     if not hits:
@@ -180,7 +193,7 @@ def resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
 def log_answer(intent: Intent, resolution: Resolution) -> str | None:
     """The answer to "when …?" and "how many times …?" about a thing, read off the clip log (None: the
     model answers)."""
-    if intent.when in ("now", "named", "start", "ago", "before", "after") or not intent.things:
+    if intent.when in ("now", "named", "start", "ago", "within", "before", "after") or not intent.things:
         return None
     if intent.kind == "count":
         n = len(_runs(resolution.hits))

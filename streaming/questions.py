@@ -35,8 +35,8 @@ _TIME_REF = re.compile(r"\b(?:at|around)\s+(\d+:\d{2}(?::\d{2})?|\d+(?:\.\d+)?\s
 
 def references(text: str):
     """What a question names of the past — "clip 137", "at 2:30", "at 45s" — as a predicate on a
-    stored turn's meta ({clip, start, end}), or None when it names nothing. Recall links those turns
-    before it ranks the rest by similarity."""
+    stored turn's meta ({clip, start, end}), or None when it names nothing (`intent.read` then reads
+    the question's words)."""
     clips = {int(n) for n in _CLIP_REF.findall(text)}
     times = []
     for t in _TIME_REF.findall(text):

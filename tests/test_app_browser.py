@@ -113,12 +113,15 @@ def test_bundled_clip_plays_ingest_follows_it_and_a_question_is_answered(new_pag
     assert stats(page)["clips"] == paused["clips"]
     play(page)
     wait(lambda: stats(page)["clips"] > paused["clips"])
-    answer = send(page, "what is in the video?")
+    answer = send(page, "what is on screen?")
     stamp = float(re.match(r"\[([\d.]+) s\]", answer).group(1))
-    assert stamp >= 2.0 and "s to first token" in answer
+    assert stamp >= 2.0 and "s to first token" in answer and "the present: nothing looked up" in answer
     wait(lambda: plot_svg(page) != first_plot)  # the graph moved on with the video
     wait(lambda: stats(page)["clips"] >= 7)  # past the budget: the KV line is flat, the full-cache line climbs
     assert page.query_selector("#mb-plot svg") and page.query_selector("#process-plot svg")
+    # the app's default policy recalls: the first clip left the 96-token cache long ago and comes back
+    answer = send(page, "what was on screen at the start?")
+    assert "the start: clip 1" in answer and "recalled clip 1" in answer, answer
     time.sleep(1)
     page.screenshot(path=str(ARTEFACTS / "app-bundled.png"), full_page=True)
     DOCS.mkdir(exist_ok=True)

@@ -26,6 +26,10 @@ NOW = 40.0
     ("have you seen any dogs?", "is", "past", ("dogs",)),
     ("what is on screen?", "what", "now", ()),
     ("In clip 3, what is it?", "other", "named", ()),
+    ("is there still a car?", "is", "now", ("car",)),
+    ("were there any people at the start?", "is", "start", ("person",)),  # the labels' word for people
+    ("did a bus go by in the last five minutes?", "is", "within", ("bus",)),
+    ("did you see a man in a suit?", "is", "past", ("suit", "person")),  # the last noun first
 ])
 def test_reading_a_question(text, kind, when, things):
     intent = read(text)
@@ -45,6 +49,9 @@ def test_reading_a_question(text, kind, when, things):
     ("what did you see half a minute ago?", [3], 3),  # 40 s - 30 s = 10 s: clip 3 (8-12 s)
     ("In clip 4, is there a cat?", [4], 4),
     ("at 0:21, what did you see?", [6], 6),
+    ("did you see a bicycle in the last ten seconds?", [], None),  # clip 5 ended 20 s ago
+    ("did you see a cat in the last ten seconds?", [10], None),
+    ("did you see a man in a suit?", [5], 5),
 ])
 def test_resolving_against_the_clip_log(text, targets, focus):
     got = resolve(read(text), LOG, NOW)

@@ -3,6 +3,7 @@ must turn into one clear line and a non-zero exit."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -203,3 +204,19 @@ def test_sighup_and_sigquit_stop_like_sigterm_with_every_answer_saved(name, tmp_
     printed = [json.loads(line) for line in (first + rest).splitlines()]
     saved = [json.loads(line) for line in (folder / "transcript.jsonl").read_text().splitlines()]
     assert saved[: len(printed)] == printed and len(saved) <= len(printed) + 1
+
+
+def test_the_demo_asks_in_plain_words_and_recalls_the_start():
+    """`make demo` (`stream-qa --budget 96`): five plain-words questions; the default policy recalls, so
+    "what was on screen at the start?" links clip 1 back once it has left the 96-token cache, "is there a
+    bicycle now?" is answered from the clip on screen (nothing linked), and "when …?" is read off the
+    clip log."""
+    out = run_cli("--fast", "--budget", "96", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["question"]: r for r in map(json.loads, out.stdout.splitlines())}
+    assert len(rows) == 5
+    now, start = rows["is there a bicycle now?"], rows["what was on screen at the start?"]
+    assert now["recalled"] == [] and now["answer"] == "yes" and now["looked_up"].startswith("the present")
+    assert start["looked_up"].startswith("the start: clip 1") and [c["clip"] for c in start["recalled"]] == [1]
+    when = rows["when did the bicycle appear?"]
+    assert when["source"] == "clip log" and re.fullmatch(r"at 0:0\d \(clip \d\)", when["answer"]), when
