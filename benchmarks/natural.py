@@ -20,8 +20,10 @@ clip's perception named the thing asked about (`recognised`: memory measured apa
 classifier's misses); the false-link rate (present questions that linked a stored clip); the
 rate of answers naming a thing, or saying yes to one, that the target clip's own words do not hold
 (`not in the target's words`; naming one that no clip's words hold at all: `hallucination`);
-time to first token. Policies: `inf_mllm` (no recall), `inf_mllm+recall`, and
-`inf_mllm+recall_oracle` (the clips the truth names are linked: the ceiling of recall).
+time to first token. Policies: `inf_mllm` (no recall), `inf_mllm+recall` (links the clips the words
+resolve to), `inf_mllm+recall_keys` (links by the question's keys past the gate, as for models whose
+turns carry no words; the question is still phrased by the words), and `inf_mllm+recall_oracle` (the
+clips the truth names are linked: the ceiling of recall).
 
 The clips are encoded once (the montage reuses 4-s pieces), so a policy's run is its prefills and
 answers only. Writes `natural.json` (records), `natural_rows.json` (every answer) and `natural.png`.
@@ -51,7 +53,7 @@ from .real_scenes import PHOTOS, article, clip_frames, photo
 CLIP_S = 4.0
 BUDGET = 512
 HOUR_CLIPS = 900
-POLICIES = ("inf_mllm", "inf_mllm+recall", "inf_mllm+recall_oracle")
+POLICIES = ("inf_mllm", "inf_mllm+recall", "inf_mllm+recall_keys", "inf_mllm+recall_oracle")
 ANNOTATIONS = Path(__file__).parent / "data" / "annotations.json"
 PIECES = {"bikes-a": ("bikes.mp4", 0.0), "bikes-b": ("bikes.mp4", 4.0), "bikes-c": ("bikes.mp4", 6.0),
           "bunny-a": ("bigbuckbunny.mp4", 0.0), "bunny-b": ("bigbuckbunny.mp4", 1.28),
@@ -134,10 +136,13 @@ class Ask:
     anchor: str | None = None  # "before": the thing whose showing the target precedes
 
 
-def showings(order: list[str], name: str, upto: int) -> list[list[int]]:
+def showings(order: list[str], table: dict[str, Piece], name: str, upto: int) -> list[list[int]]:
+    """Runs of consecutive clips up to clip `upto` in which photo `name`'s thing is on screen (in the
+    photo, or in a video piece: bikes.mp4 shows a parked scooter)."""
+    thing = PHOTOS[name].thing
     runs: list[list[int]] = []
     for k in range(upto + 1):
-        if order[k] == name:
+        if thing in table[order[k]].things:
             if runs and runs[-1][-1] == k - 1:
                 runs[-1].append(k)
             else:
@@ -174,31 +179,31 @@ def _ask(rng, kind, k, order, table) -> Ask | None:
             if order[k] in SHOWN else None
     if kind == "past_is":
         if rng.random() < 0.6:
-            seen = [s for s in SHOWN if showings(order, s, k - 1)]
+            seen = [s for s in SHOWN if showings(order, table, s, k - 1)]
             if not seen:
                 return None
             name = rng.choice(seen)
             thing = PHOTOS[name].thing
-            return Ask(k, kind, f"did you see {article(thing)} {thing}?", "yes", showings(order, name, k - 1)[-1],
-                       thing)
+            last = showings(order, table, name, k - 1)[-1]
+            return Ask(k, kind, f"did you see {article(thing)} {thing}?", "yes", last, thing)
         thing = rng.choice(NEVER)
         return Ask(k, kind, f"did you see {article(thing)} {thing}?", "no", [], thing)
     if kind in ("when", "count"):
-        seen = [s for s in SHOWN if s != order[0] and showings(order, s, k)]
+        seen = [s for s in SHOWN if s != order[0] and showings(order, table, s, k)]
         if not seen:
             return None
         name = rng.choice(seen)
-        thing, runs = PHOTOS[name].thing, showings(order, name, k)
+        thing, runs = PHOTOS[name].thing, showings(order, table, name, k)
         if kind == "when":
             return Ask(k, kind, f"when did the {thing} appear?", str(runs[0][0] * CLIP_S), runs[0], thing)
         return Ask(k, kind, f"how many times did you see {article(thing)} {thing}?", str(len(runs)),
                    [j for run in runs for j in run], thing)
     if kind == "before":
-        seen = [s for s in SHOWN if s != order[0] and showings(order, s, k)]
+        seen = [s for s in SHOWN if s != order[0] and showings(order, table, s, k)]
         if not seen:
             return None
         name = rng.choice(seen)
-        j = showings(order, name, k)[-1][0] - 1
+        j = showings(order, table, name, k)[-1][0] - 1
         return Ask(k, kind, f"what did you see just before the {PHOTOS[name].thing}?", "thing", [j],
                    anchor=PHOTOS[name].thing) if table[order[j]].things else None
     if kind == "start":

@@ -158,7 +158,8 @@ def resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
         targets = [m for m in log if intent.named(m)]
         focus = targets[-1] if targets else None
         return Resolution(targets, None if focus is log[-1] else focus,
-                          f"named: clip {', '.join(str(m['clip']) for m in targets)}" if targets else
+                          "named: " + ", ".join(f"clip {m['clip']} ({clock(m['start'])}-{clock(m['end'])})"
+                                                for m in targets) if targets else
                           "the clip or time named has not been seen", hits)
     if intent.when == "start":
         return one(log[0], "the start")

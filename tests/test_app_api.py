@@ -85,7 +85,7 @@ def test_recall_policy_answers_about_an_evicted_clip_and_says_so(url):
     assert "inf_mllm+recall" in start(c, policy="inf_mllm+recall")
     wait_for(c, 8.0)
     states, transcript = ask(c, "In clip 1, what is the color of the shape?")
-    assert "recalled clip 1 (0–2 s)" in states[-1]
+    assert "named: clip 1 (0:00-0:02); recalled clip 1" in states[-1]
     row = [json.loads(line) for line in open(transcript)][-1]
     assert row["recalled"] == [{"clip": 1, "start": 0.0, "end": 2.0}]
 

@@ -195,7 +195,7 @@ def test_a_question_asked_with_keep_false_leaves_no_trace(smol, policy):
             s.append(ids(line))
         if ask_first:
             s.append_question(ids("What colour is the fox?"), keep=False)
-            assert len(list(s.generate(5))) == 5
+            assert len(list(s.generate(5, eos_token_id=[len(tok) - 1]))) == 5  # five tokens go in
         s.append(ids("The secret number is 4721.\n"))
         return s, s.kv_tokens, s.append_question(ids("What is the secret number?"))
 
