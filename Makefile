@@ -58,6 +58,7 @@ bench-quick: setup
 	$(PY) -m benchmarks tiny_vlm --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks video_qa --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks arena --quick --out benchmarks/results/quick
+	$(PY) -m benchmarks natural --quick --out benchmarks/results/quick
 
 clean:
 	rm -rf $(VENV) .cache
