@@ -3,7 +3,8 @@
 When the caller has resolved which stored turns a question needs (`named`: a predicate on a span's
 meta, e.g. the clips whose words name what it asks about, or the clip or time it names), exactly those
 no longer cached are linked, and none for a question about the present. Otherwise it ranks the
-stored turns by similarity and links those that beat every turn still cached. A probe forward of the question over the cache runs up to the last scoring
+stored turns by similarity and links those that beat every turn still cached.
+A probe forward of the question over the cache runs up to the last scoring
 layer and stops (leaving no trace); the question's keys there, with RoPE removed, are compared
 with each stored span's summary keys (cosine, best span key per question token). Each question
 token's similarities are z-normalised over the candidate spans, so tokens every turn shares (the

@@ -32,7 +32,7 @@ class VideoAdapter(ABC):
     """A video LLM seen as: frames → visual embeddings → turns for the core's session."""
 
     name: str = ""
-    answers_stay: bool = True  # False: a question and its answer leave the cache at the next turn
+    past_answers_stay: bool = True  # False: the engine's questions about a past clip leave with their answers
     model: torch.nn.Module
     tokenizer: object
 
@@ -144,7 +144,7 @@ class VideoAdapter(ABC):
     def ask(self, session: StreamSession, question: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
         """Append the question (recalling the stored clips it needs) and stream the answer as text pieces."""
         session.append_question(self.question_turn(question), named=kwargs.pop("named", None),
-                                oracle=kwargs.pop("oracle", None), keep=self.answers_stay)
+                                oracle=kwargs.pop("oracle", None), keep=kwargs.pop("keep", True))
         return self.stream_answer(session, max_new_tokens, **kwargs)
 
     def stream_answer(self, session: StreamSession, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:

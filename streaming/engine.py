@@ -316,7 +316,8 @@ class TurnEngine:
             if on_token:
                 on_token(question, direct)
         else:
-            extra = {}
+            # a question about a past clip may leave with its answer: its "yes" would sway the next question
+            extra = {"keep": resolution.focus is None or self.adapter.past_answers_stay}
             if self.session.recall is not None:
                 ids = {m["clip"] for m in resolution.targets}
                 extra["named"] = (lambda meta: meta.get("clip") in ids) if resolution.decided else None

@@ -65,7 +65,9 @@ def test_cli_json_lines(tmp_path):
     assert [r["question"] for r in rows] == ["is there a triangle?", "what is the color of the shape?",
                                              "In clip 1, what shape is it?"]
     keys = {"video_t", "question", "answer", "ttft_s", "tokens_per_s", "kv_tokens", "kv_mb", "rss_mb"}
-    assert all(keys <= set(r) and r["kv_tokens"] <= 128 + 40 for r in rows)
+    # the budget and a question, and (recall is the default) a recalled clip turn of ≤ 60 tokens while it answers
+    assert all(keys <= set(r) and r["kv_tokens"] <= 128 + 40 + 60 * len(r["recalled"]) for r in rows)
+    assert [len(r["recalled"]) for r in rows] == [0, 0, 1]  # clip 1 left the cache: "In clip 1" links it
     assert "clip" in out.stderr  # telemetry goes to stderr
 
 

@@ -103,6 +103,6 @@ class MemoryAdapter(VideoAdapter):
 
     def ask(self, session: StreamSession, question: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
         """Append read-out + question as one turn (no eviction between them) and stream the answer."""
-        kwargs.pop("oracle", None), kwargs.pop("named", None)  # its memory read-out is its recall: no turns stored
+        kwargs.pop("oracle", None), kwargs.pop("named", None), kwargs.pop("keep", None)  # its read-out is its recall
         session.append(inputs_embeds=self.question_embeds(question), store=False)
         return self.stream_answer(session, max_new_tokens, **kwargs)

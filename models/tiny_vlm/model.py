@@ -105,7 +105,7 @@ class TinyTurns:
 
 class TinyVLM(TinyTurns, VideoAdapter):
     name = "tiny-vlm"
-    answers_stay = False  # trained on one-word answers about one clip: a past "yes" sways the next question
+    past_answers_stay = False  # one-word answers: "yes" about a past clip sways the next question about the present
 
     def __init__(self, weights: str | Path = WEIGHTS, device: str = "cpu", trained: bool = True,
                  snap_to_vocabulary: bool = True, labels: str = "text", clip_end_anchor: bool = False,
