@@ -42,13 +42,13 @@ from tqdm import tqdm
 
 from models.tiny_vlm.labels import mentioned, words_of
 from models.tiny_vlm.model import TinyVLM
-from models.tiny_vlm.scenes import _video_path, frames_at, video_shape
+from models.tiny_vlm.scenes import _video_path, article, frames_at, video_shape
 from streaming.engine import Clip, TurnEngine
 from streaming.intent import sees
 from streaming.questions import Question
 
 from .common import print_table, record, rss_mb, write
-from .real_scenes import PHOTOS, article, clip_frames, photo
+from .real_scenes import PHOTOS, clip_frames, photo
 
 CLIP_S = 4.0
 BUDGET = 512

@@ -154,19 +154,16 @@ class StreamSession:
         self._end_answer()
         self._forget_question()
         keep = keep or self.cache.policy.evict_while_decoding
-        if self.recall is None:
-            marks = None if keep else self.cache.mark()
-            logits = self.append(input_ids, store=False, evict=keep)
-            self._forget_at = marks
-            return logits
-        recall_.unlink(self.cache)
-        t0 = time.perf_counter()
-        resident = recall_.resident_spans(self.cache, self.store, self.recall.resident)
-        keys = None
-        if self.recall.mode == "attention" and len(resident) < len(self.store) and not (named and self.recall.named):
-            keys = self._question_keys(probe_ids if probe_ids is not None else input_ids)
-        chosen = recall_.choose(self.store, resident, self.recall, keys, named, oracle)
-        linked = recall_.link(self.cache, self.store, chosen, self.recall.at)
+        linked, t0 = [], time.perf_counter()
+        if self.recall is not None:
+            recall_.unlink(self.cache)
+            resident = recall_.resident_spans(self.cache, self.store, self.recall.resident)
+            keys = None  # ranking by keys: only for a question the caller did not resolve
+            probe = self.recall.mode == "attention" and len(resident) < len(self.store)
+            if probe and not (named and self.recall.named):
+                keys = self._question_keys(probe_ids if probe_ids is not None else input_ids)
+            chosen = recall_.choose(self.store, resident, self.recall, keys, named, oracle)
+            linked = recall_.link(self.cache, self.store, chosen, self.recall.at)
         spent = time.perf_counter() - t0
         marks = None if keep else self.cache.mark()
         logits = self._prefill(input_ids, None, evict=keep and not linked, store=False, meta=None)

@@ -178,7 +178,8 @@ def test_bad_inputs_show_a_message_and_the_page_keeps_working(new_page, tmp_path
     page.get_by_text("Model and cache").click()
     page.fill("#budget textarea, #budget input", "128")
     page.press("#budget textarea, #budget input", "Enter")
-    wait(lambda: any(m.startswith("New session: bikes.mp4 · tiny-vlm, inf_mllm, budget 128") for m in messages(page)))
+    renewed = "New session: bikes.mp4 · tiny-vlm, inf_mllm+recall, budget 128"
+    wait(lambda: any(m.startswith(renewed) for m in messages(page)))
     page.fill("#bias textarea, #bias input", "lots")
     page.press("#bias textarea, #bias input", "Enter")
     wait(lambda: any(m == "⚠ bias 'lots' is not a number" for m in messages(page)))

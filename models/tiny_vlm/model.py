@@ -226,6 +226,7 @@ class TinyVLM(TinyTurns, VideoAdapter):
         visual, probs = self.encode_parts(frames)
         return self.clip_embeddings(visual, self.perceive(frames, probs))
 
+    @torch.inference_mode()
     def clip_meta(self, visual: torch.Tensor, index: int, start_s: float, end_s: float | None) -> dict:
         """With `seen`: the words of the clip's label text, read back from its embeddings (in "text" mode they
         are token embeddings, so the nearest token is exact)."""
@@ -235,8 +236,8 @@ class TinyVLM(TinyTurns, VideoAdapter):
         table = self.model.get_input_embeddings().weight
         if getattr(self, "_table_norms", None) is None:
             self._table_norms = table.float().pow(2).sum(dim=-1)
-        rows = visual[GRID * GRID:].to(table.device, torch.float32)
-        ids = (self._table_norms - 2 * rows @ table.float().T).argmin(dim=-1)
+        rows = visual[GRID * GRID:].to(table.device, table.dtype)  # in the table's dtype: no copy of the table
+        ids = (self._table_norms - 2 * (rows @ table.T).float()).argmin(dim=-1)
         text = self.tokenizer.decode(ids.tolist()).strip()
         meta["seen"] = text.removeprefix("Seen:").strip().rstrip(".")
         return meta
