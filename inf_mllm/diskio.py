@@ -71,6 +71,12 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def make_folder(path: Path) -> None:
+    """Create a folder and its parents (existing is fine)."""
+    _before("mkdir", path)
+    Path(path).mkdir(parents=True, exist_ok=True)
+
+
 def remove(path: Path) -> None:
     """Delete a file (missing is fine)."""
     _before("unlink", path)

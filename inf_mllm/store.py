@@ -205,7 +205,7 @@ class SpanStore:
 
     def _open_folder(self) -> None:
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            diskio.make_folder(self.folder)
         except OSError as err:
             warnings.warn(f"span store: cannot create {self.folder} ({diskio.why(err)}); clips are kept in RAM "
                           f"only", stacklevel=4)

@@ -191,9 +191,9 @@ def _stop(signum, frame):
     raise Stopped(signum)
 
 
-# SIGHUP (the terminal closed) and SIGQUIT (Ctrl-backslash) end as 128 + their number; SIGTERM as Ctrl-C (130)
-STOP_STATUS = {signal.SIGTERM: EXIT_INTERRUPTED, signal.SIGHUP: 128 + signal.SIGHUP,
-               signal.SIGQUIT: 128 + signal.SIGQUIT}
+# a stop signal ends as 128 + its number, as a shell reports a process it killed: SIGTERM 143, SIGHUP (the
+# terminal closed) 129, SIGQUIT (Ctrl-backslash) 131; Ctrl-C 130
+STOP_STATUS = {signum: 128 + signum for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
 
 
 def stop_on_signals() -> None:

@@ -51,7 +51,7 @@ class SessionDir:
         self._lock = diskio.FolderLock(self.path)
         self.saving = {"settings": not resume, "transcript": True}
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
+            diskio.make_folder(self.path)
             writable = self._lock.acquire()
         except diskio.FolderBusy as err:
             who = f"another stream-qa (pid {err.pid})" if err.pid else "another stream-qa"

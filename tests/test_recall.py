@@ -249,7 +249,7 @@ def test_stream_qa_answers_from_a_recalled_clip_after_kill_9_and_resume(tmp_path
                                stdin=subprocess.DEVNULL)
     line = resumed.stdout.readline()  # the answer; then the rest of the 30 loops is not waited for
     resumed.send_signal(signal.SIGTERM)
-    assert resumed.wait(timeout=60) == 130
+    assert resumed.wait(timeout=60) == 143
     assert "resuming after clip" in resumed.stderr.read()
     answer = json.loads(line)
     assert answer["recalled"] and answer["recalled"][0]["clip"] == 1 and answer["recalled"][0]["start"] == 0.0

@@ -14,7 +14,7 @@ from jetson.reliability import CASES, PLAYS, judge, run_library, run_subprocess
 from streaming.cli import main
 
 BY_NAME = {c.name: c for c in CASES}
-OWN_PROCESS = {"cli tty", "cli pipe", "cli stdin", "cli stdout", "cli signal", "cli kill"}
+OWN_PROCESS = {"cli env", "cli tty", "cli pipe", "cli stdin", "cli stdout", "cli signal", "cli kill"}
 IN_PROCESS = [c.name for c in CASES if c.where == "cli"]
 # stdin cases are their own processes; "non-UTF-8 on stdin" is already in test_stream_qa
 SUBPROCESS = [c.name for c in CASES if c.where in OWN_PROCESS and c.name != "non-UTF-8 on stdin"]

@@ -160,7 +160,7 @@ def test_sigterm_stops_cleanly_and_keeps_answered_lines():
     assert json.loads(first)["question"] == "what is the color of the shape?"
     proc.send_signal(signal.SIGTERM)
     rest, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    assert proc.returncode == 143
     assert "Traceback" not in err and "stopped" in err
     assert all(json.loads(line) for line in rest.splitlines())  # every line written is whole
 

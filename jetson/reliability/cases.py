@@ -2,6 +2,7 @@
 they should get. A new bad input is one more `Case` here; the test and the committed table pick it up.
 """
 
+from argparse import Namespace
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,6 +11,8 @@ import numpy as np
 
 from streaming.memory import MemorySample, auto_budget_for
 from streaming.questions import SAMPLE_QUESTION
+from streaming.soak import describe, verdict
+from streaming.sources import FileSource
 
 from .media import clip, corrupt, cut_faststart, file_of, gif, png, served_stream, video, wav
 from .sessions import SHORT, bad_utf8_index, held, served_video, session, settings_only, torn_index
@@ -21,9 +24,9 @@ PLAYS = "plays"  # expected outcome: exit 0 and at least one answer
 @dataclass
 class Case:
     name: str
-    where: str  # "cli", "cli stdin", "cli tty", "cli pipe", "cli stdout", "cli fault", "cli signal", "cli kill",
-    #             "library"
-    expected: str  # PLAYS, or a regex the one stderr line must match (exit 2)
+    where: str  # "cli", "cli env", "cli stdin", "cli tty", "cli pipe", "cli stdout", "cli fault", "cli signal",
+    #             "cli kill", "library"
+    expected: str  # PLAYS, or a regex the one stderr line must match (exit 2; library: the error raised)
     build: Callable[[Path], list]  # tmp folder → stream-qa arguments (library: a callable's arguments)
     stdin: bytes | None = None
     code: int | None = None  # expected exit code; default 0 for PLAYS, 2 otherwise
@@ -33,6 +36,7 @@ class Case:
     meta: dict = field(default_factory=dict)
     fault: tuple | None = None  # (kind, at, times) for jetson.faults: the real model fails in a clip's prefill
     warns: str | None = None  # a regex one stderr line must match (a fault's warning)
+    env: Callable[[Path], dict] | None = None  # "cli env": tmp folder → the process's variables (None: unset)
 
     @property
     def exit_code(self) -> int:
@@ -61,6 +65,31 @@ def _encode(adapter, frames):
 
 def _auto_budget_without_memory(adapter):
     auto_budget_for(adapter, sample=MemorySample("cpu", 100.0, 4096.0, 900.0, 0.0, 0.0))  # 900 MB available
+
+
+def _video_deleted_mid_run(adapter, path):
+    """Three passes over a video that is deleted after the first."""
+    source = iter(FileSource(path, fps=1.0, loops=3))
+    for _ in range(10):  # the first pass: 10 s
+        next(source)
+    Path(path).unlink()
+    next(source)
+
+
+def _short_soak_with_falling_rss(adapter) -> str:
+    """The verdict of 20 soak rounds whose RSS falls 0.2 MB a round under ±3 MB of noise: a falling slope is no
+    leak, however wide its interval; the verdict must say the run is too short to judge."""
+    rss = [900 - 0.2 * r + (3 if r % 2 else -3) for r in range(1, 21)]
+    samples = [{"round": r, "t_s": float(r), "rss_mb": m, "kv_tokens": 560, "kv_mb": 20.0, "swap_used_mb": 0.0}
+               for r, m in zip(range(1, 21), rss, strict=True)]
+    run = {"samples": samples, "budget": 512, "rounds": 20, "policy": "inf_mllm", "elapsed_s": 20.0,
+           "s_per_round": 1.0, "peak_kv_tokens": 560, "turn_tokens": 40, "question_tokens": 15, "oom_events": [],
+           "stopped": None, "answers": 2, "expected_answers": 2, "empty_answers": 0}
+    text = describe(verdict(run, Namespace(warmup=0.2, max_new_tokens=16)))
+    said = [line.strip() for line in text.splitlines() if "verdict:" in line or "too few" in line]
+    if "verdict: PASS" not in text or "too few to tell a slow leak from noise" not in text:
+        raise AssertionError(" / ".join(said) or text)
+    return " / ".join(said)
 
 
 CASES = [
@@ -179,7 +208,7 @@ CASES = [
          notes="3 turns failing in a row is no passing fault: exit 1, traceback in a log file"),
     Case("SIGINT mid-answer", "cli signal", PLAYS, lambda t: signal_args(), code=130,
          notes="every answered line flushed", meta={"signal": "SIGINT"}),
-    Case("SIGTERM mid-answer", "cli signal", PLAYS, lambda t: signal_args(), code=130,
+    Case("SIGTERM mid-answer", "cli signal", PLAYS, lambda t: signal_args(), code=143,
          notes="every answered line flushed", meta={"signal": "SIGTERM"}),
     Case("kill -9 mid-run, --json stdout to a file", "cli kill", PLAYS, lambda t: [*signal_args(), "--json"],
          code=-9, notes="the JSON-lines transcript is whole up to the last answer", meta={"answers": 2}),
@@ -236,6 +265,20 @@ CASES = [
          notes="killed with no message and a dangling 'A: '", meta={"signal": "SIGHUP"}),
     Case("SIGQUIT mid-answer", "cli signal", PLAYS, lambda t: signal_args(), code=131,
          notes="killed with no message and a dangling 'A: '", meta={"signal": "SIGQUIT"}),
+    Case("HOME is not a folder (HOME=/dev/null), model not cached", "cli env",
+         r"Not a directory .*a fault of this machine's disk or files, not of stream-qa or your input",
+         lambda t: [clip(), *ASK], env=lambda t: {"HOME": "/dev/null", "INF_MLLM_CACHE": None},
+         notes="was called a bug"),
+    Case("model cache folder blocked by a file ($INF_MLLM_CACHE)", "cli env",
+         r"Not a directory .*a fault of this machine's disk or files, not of stream-qa or your input",
+         lambda t: [clip(), *ASK], env=lambda t: {"INF_MLLM_CACHE": str(file_of(t, "cache", b"a file") + "/x")},
+         notes="was called a bug"),
+    Case("video deleted or moved mid-run (--loop 3)", "library", r"was deleted or moved while it played \(after 1 "
+         r"of 3 passes\)", lambda t: [file_of(t, "v.mp4", Path(clip()).read_bytes())], call=_video_deleted_mid_run,
+         notes="was called a bug"),
+    Case("20-round --soak whose RSS falls under noise (its verdict)", "library", PLAYS, lambda t: [],
+         call=_short_soak_with_falling_rss, code=0, meta={"answers": 0},
+         notes="was FAIL: a negative slope whose interval was too wide to judge"),
     # library
     Case("RGBA frames to adapter.encode", "library", r"frames must be uint8 \(T, H, W, 3\)",
          lambda t: [np.zeros((1, 32, 32, 4), np.uint8)], call=_encode),

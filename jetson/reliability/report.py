@@ -44,6 +44,8 @@ def judge(case: Case, code: int, stdout: str, stderr: str) -> dict:
 
 
 def expected_text(case: Case) -> str:
+    if case.expected == PLAYS and case.where == "library":
+        return f"returns, no error ({case.notes})"
     if case.expected == PLAYS:
         return f"exit {case.exit_code}" + (", answers" if case.meta.get("answers", 1) else "") + \
             (f" ({case.notes})" if case.notes else "")
