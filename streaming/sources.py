@@ -7,7 +7,9 @@ frame fails with one `SourceError` line; so does a file that breaks off before i
 A URL that serves a file (it states a frame count: HTTP, an RTSP replay) follows the video's own
 timestamps, paced to real time unless --fast, so "@60s" means 60 s of video however fast it
 downloads; a live stream (no frame count) and a webcam run on the wall clock. A pipe (/dev/stdin,
-a FIFO) is read to its end into a temporary file first, then played as the video it carries.
+a FIFO) plays as it arrives when it carries a container made for streaming (MPEG-TS, Matroska/WebM:
+`ffmpeg … -f mpegts - | stream-qa /dev/stdin`), on its own timestamps; any other container (an MP4
+may keep its index at the end) is read to its end into a temporary file first.
 """
 
 import importlib.util
@@ -17,6 +19,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,16 +94,16 @@ class FileSource:
     `backend` "auto" reads with decord when it is installed and falls back to OpenCV.
     """
 
-    def __init__(self, path, fps: float = 1.0, realtime: bool = False, loops: int = 1, backend: str = "auto"):
+    def __init__(self, path, fps: float = 1.0, realtime: bool = False, loops: int = 1, backend: str = "auto",
+                 head: bytes = b"", pipe=None):
         self.path = Path(path)
         if not self.path.exists():
             raise SourceError(f"no such video file: {self.path}")
         if self.path.is_dir():
             raise SourceError(f"{self.path} is a folder, not a video file")
-        mode = self.path.stat().st_mode
-        if stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode):
-            self._spool = self._read_pipe()  # kept open: the temporary file lives as long as the source
-            self.path = Path(self._spool.name)
+        if pipe is not None or is_pipe(self.path):  # `open_source` has read its first bytes (`head`) already
+            self._spool = self._read_pipe(pipe or open(self.path, "rb", buffering=0), head)
+            self.path = Path(self._spool.name)  # kept open: the temporary file lives as long as the source
         if self.path.stat().st_size == 0:
             raise SourceError(f"{self.path} is empty (0 bytes): it holds no video frames")
         if not (math.isfinite(fps) and fps > 0):
@@ -116,11 +119,13 @@ class FileSource:
             raise SourceError(f"{self.path} holds no video frames")
         self.duration = self.count / self.native_fps
 
-    def _read_pipe(self):
+    def _read_pipe(self, pipe, head: bytes):
         """A pipe cannot seek, and a video's index may sit at its end: the pipe is read to its end first."""
-        print(f"stream-qa: reading the video from {self.path} to its end first (a pipe)", file=sys.stderr)
+        print(f"stream-qa: reading the video from {self.path} to its end first (a pipe; MPEG-TS or Matroska would "
+              f"play as it arrives)", file=sys.stderr)
         spool = tempfile.NamedTemporaryFile(prefix="stream-qa-pipe-", suffix=".video")
-        with open(self.path, "rb") as pipe:
+        spool.write(head)
+        with pipe:
             shutil.copyfileobj(pipe, spool, 1 << 20)
         spool.flush()
         if spool.tell() == 0:
@@ -233,24 +238,69 @@ def _opencv_count(path: Path) -> int | None:
     return int(count) if 0 < count < 1e9 else None
 
 
+def is_pipe(path: Path) -> bool:
+    mode = path.stat().st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
+
+
+def read_head(pipe, size: int = 3 * 188) -> bytes:
+    """The pipe's first `size` bytes (fewer if it ends first)."""
+    head = b""
+    while len(head) < size and (chunk := pipe.read(size - len(head))):
+        head += chunk
+    return head
+
+
+def streamable(head: bytes) -> bool:
+    """Containers ffmpeg decodes front to back, with no index to seek to: Matroska/WebM (an EBML header) and
+    MPEG-TS (a sync byte every 188 bytes)."""
+    return head.startswith(b"\x1a\x45\xdf\xa3") or (len(head) >= 3 * 188 and head[0:377:188] == b"GGG")
+
+
+def relay(pipe, head: bytes) -> str:
+    """A path OpenCV can open that carries `head` and then the rest of `pipe` (a thread copies it over an OS
+    pipe); the copy ends when the pipe does or when the reader closes its end."""
+    read_fd, write_fd = os.pipe()
+
+    def copy():
+        try:
+            with os.fdopen(write_fd, "wb", buffering=0) as out:
+                out.write(head)
+                while chunk := pipe.read(1 << 16):
+                    out.write(chunk)
+        except OSError:  # the reader has gone (BrokenPipeError): nothing left to copy for
+            pass
+        finally:
+            pipe.close()
+
+    threading.Thread(target=copy, name="pipe-relay", daemon=True).start()
+    return f"/proc/{os.getpid()}/fd/{read_fd}"
+
+
 class CaptureSource:
-    """A webcam index or a stream URL (RTSP, HTTP), sampled at `fps`.
+    """A webcam index, a stream URL (RTSP, HTTP) or a pipe carrying a streaming container, sampled at `fps`.
 
     Live sources run on the wall clock and are paced by nature. A URL that serves a file (it states a
     frame count) runs on the video's own timestamps instead, paced to real time unless `realtime` is
-    False, and has a `duration`. `max_seconds` ends the stream (None: until the source ends).
+    False, and has a `duration`; so does a pipe (`timed`), without a duration. `max_seconds` ends the
+    stream (None: until the source ends).
     """
 
     live = True  # a camera cannot wait for the model: the engine drops clips it has no room for
 
-    def __init__(self, target: int | str, fps: float = 1.0, max_seconds: float | None = None, realtime: bool = True):
+    def __init__(self, target: int | str, fps: float = 1.0, max_seconds: float | None = None, realtime: bool = True,
+                 pipe: str | None = None):
         self.target, self.fps, self.max_seconds, self.realtime = target, fps, max_seconds, realtime
-        self.waited_s = 0.0  # time spent waiting for the video clock (a served file)
+        self.waited_s = 0.0  # time spent waiting for the video clock (a served file, a pipe)
         what = f"webcam {target} (/dev/video{target})" if isinstance(target, int) else f"stream {target}"
+        what = f"the pipe {pipe}" if pipe else what
         if not (math.isfinite(fps) and fps > 0):
             raise SourceError(f"sampling rate must be a positive number, got {fps}")
         with quiet_native_logs():  # OpenCV's V4L2 / ffmpeg warnings would precede the one-line error
-            if isinstance(target, int) or "://" not in target:  # a webcam, or a GStreamer pipeline (CSI camera)
+            if pipe:  # the relay's end of an OS pipe: ffmpeg reads it front to back
+                self.cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG)
+                os.close(int(target.rsplit("/", 1)[1]))  # OpenCV opened its own descriptor of it
+            elif isinstance(target, int) or "://" not in target:  # a webcam, or a GStreamer pipeline (CSI camera)
                 self.cap = cv2.VideoCapture(target)
             else:  # a stream that never answers fails after 10 s rather than hanging
                 self.cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, 10_000,
@@ -263,16 +313,18 @@ class CaptureSource:
             raise SourceError(f"{what} opened but delivers no frames")
         self.what = what
         count = self.cap.get(cv2.CAP_PROP_FRAME_COUNT)
+        self.timed = bool(pipe)
         if isinstance(target, str) and "://" in target and 0 < count < 1e9:  # a served file, not a live stream
             self._frame_s = 1 / _native_fps(self.cap.get(cv2.CAP_PROP_FPS))
             self.duration = count * self._frame_s
+            self.timed = True
+        if self.timed:
             self.live = realtime  # as a paced file: a clip the model has no room for is dropped
 
     def _video_time(self, start: float) -> float:
-        """The frame's own timestamp for a served file (paced to it in real time), else the wall clock."""
-        import cv2
-
-        if not hasattr(self, "duration"):
+        """The frame's own timestamp for a served file or a pipe (paced to it in real time), else the wall
+        clock."""
+        if not self.timed:
             return time.monotonic() - start
         t = max(self.cap.get(cv2.CAP_PROP_POS_MSEC), 0.0) / 1000
         if self.realtime:
@@ -289,10 +341,10 @@ class CaptureSource:
                     ok, bgr = self.cap.read()
                     t = self._video_time(start) if ok else t
                 if not ok:  # unplugged, or the stream closed: what was seen so far is still answered
-                    if not hasattr(self, "duration"):
+                    if not self.timed:
                         print(f"warning: {self.what} stopped delivering frames after {time.monotonic() - start:.1f} s",
                               file=sys.stderr)
-                    elif t < self.duration - 2 * self._frame_s:
+                    elif hasattr(self, "duration") and t < self.duration - 2 * self._frame_s:  # a pipe just ends
                         print(f"warning: {self.what} stopped delivering frames after {t:.1f} s of its "
                               f"{self.duration:.1f} s of video", file=sys.stderr)
                     return
@@ -312,4 +364,15 @@ def open_source(video=None, webcam: int | None = None, url: str | None = None, f
         return CaptureSource(webcam, fps)
     if url is not None:
         return CaptureSource(url, fps, realtime=realtime)
-    return FileSource(video, fps, realtime, loops)
+    path = Path(video)
+    if not (path.exists() and is_pipe(path)):
+        return FileSource(video, fps, realtime, loops)
+    pipe = open(path, "rb", buffering=0)
+    head = read_head(pipe)
+    if not streamable(head):
+        return FileSource(video, fps, realtime, loops, head=head, pipe=pipe)
+    if loops > 1:
+        pipe.close()
+        raise SourceError(f"{video} is a pipe carrying a stream: it plays once, so --loop (and --soak, which loops "
+                          f"its video) needs a file")
+    return CaptureSource(relay(pipe, head), fps, realtime=realtime, pipe=str(video))

@@ -3,6 +3,7 @@
 served file, a FIFO. Cases decided before the model loads run `stream-qa` in this process; the others
 share one real tiny-vlm."""
 
+import contextlib
 import json
 import os
 import sys
@@ -145,6 +146,51 @@ def test_a_pipe_is_read_as_the_video_it_carries(tmp_path):
                 FileSource(fifo, fps=1.0)
         writer.join()
         fifo.unlink()
+
+
+def test_a_pipe_carrying_a_stream_plays_as_it_arrives(tmp_path):
+    """A FIFO carrying Matroska or MPEG-TS: the first frame comes while the writer still holds back the second
+    half of the video (it waits up to 20 s for that frame), the times are the video's own; --loop is refused."""
+    import threading
+
+    from jetson.reliability.media import write_video
+    from streaming.sources import CaptureSource, SourceError, open_source
+
+    fifo = tmp_path / "video.pipe"
+    for name, fourcc, fps in (("v.mkv", "MJPG", 4.0), ("v.ts", "MPG1", 25.0)):
+        data = write_video(tmp_path / name, 64, 64, frames=int(60 * fps), fps=fps, fourcc=fourcc).read_bytes()
+        os.mkfifo(fifo)
+        first_frame, held = threading.Event(), []
+
+        def write(data=data, first_frame=first_frame, held=held):
+            with open(fifo, "wb") as pipe:
+                pipe.write(data[: len(data) // 2])
+                pipe.flush()
+                held.append(first_frame.wait(20))  # False: the reader waited for the end of the pipe
+                pipe.write(data[len(data) // 2:])
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        source = open_source(str(fifo), fps=1.0, realtime=False)
+        times = []
+        for frame in source:
+            times.append(frame.t)
+            first_frame.set()
+        writer.join()
+        fifo.unlink()
+        assert isinstance(source, CaptureSource) and held == [True], name
+        assert times == pytest.approx([float(s) for s in range(60)], abs=0.05), name
+    os.mkfifo(fifo)
+
+    def write_all():
+        with contextlib.suppress(BrokenPipeError), open(fifo, "wb") as pipe:  # the reader refuses after a look
+            pipe.write((tmp_path / "v.ts").read_bytes())
+
+    writer = threading.Thread(target=write_all)
+    writer.start()
+    with pytest.raises(SourceError, match="a pipe carrying a stream: it plays once"):
+        open_source(str(fifo), fps=1.0, loops=2)
+    writer.join(timeout=10)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from streaming.questions import SAMPLE_QUESTION
 from streaming.soak import describe, verdict
 from streaming.sources import FileSource
 
-from .media import clip, corrupt, cut_faststart, file_of, gif, png, served_stream, video, wav
+from .media import clip, corrupt, cut_faststart, file_of, gif, png, served_stream, video, wav, write_video
 from .sessions import SHORT, bad_utf8_index, held, served_video, session, settings_only, torn_index
 
 ASK = ["--ask", SAMPLE_QUESTION, "--json", "--fast"]
@@ -28,7 +28,7 @@ class Case:
     #             "cli kill", "library"
     expected: str  # PLAYS, or a regex the one stderr line must match (exit 2; library: the error raised)
     build: Callable[[Path], list]  # tmp folder → stream-qa arguments (library: a callable's arguments)
-    stdin: bytes | None = None
+    stdin: bytes | Callable[[Path], bytes] | None = None
     code: int | None = None  # expected exit code; default 0 for PLAYS, 2 otherwise
     slow: bool = False  # runs the model end to end
     call: Callable | None = None  # library cases: call(adapter, *build(tmp)) must raise `expected`
@@ -257,6 +257,10 @@ CASES = [
     Case("cat video | stream-qa /dev/stdin", "cli stdin", PLAYS,
          lambda t: ["/dev/stdin", "--fast", "--json", "--max-new-tokens", "4", "--ask", SAMPLE_QUESTION],
          stdin=Path(clip()).read_bytes(), slow=True, notes="said the pipe was empty"),
+    Case("MPEG-TS on stdin (ffmpeg … -f mpegts - | stream-qa /dev/stdin)", "cli stdin", PLAYS,
+         lambda t: ["/dev/stdin", "--fast", "--json", "--max-new-tokens", "4", "--ask", f"{SAMPLE_QUESTION} @8s"],
+         stdin=lambda t: (write_video(t / "v.ts", 64, 64, frames=250, fps=25.0, fourcc="MPG1")).read_bytes(),
+         slow=True, notes="plays as it arrives, on its own timestamps; was read to its end first"),
     Case("stdout closed (>&-)", "cli stdout", r"stdout is closed \(>&-\)", lambda t: [clip(), *ASK],
          meta={"stdout": "closed"}, notes="was an internal error after the model loaded"),
     Case("stdout on a full device (/dev/full)", "cli stdout", r"stdout goes to a full disk",

@@ -53,7 +53,8 @@ def run_subprocess(case: Case, tmp: Path, timeout: float = 300) -> dict:
                                       timeout=timeout, preexec_fn=(lambda: os.close(1)) if closed else None)
             out, err = b"", proc.stderr
         else:
-            done = subprocess.run(argv, input=case.stdin if case.stdin is not None else b"", capture_output=True,
+            stdin = case.stdin(tmp) if callable(case.stdin) else case.stdin
+            done = subprocess.run(argv, input=stdin if stdin is not None else b"", capture_output=True,
                                   timeout=timeout, stdin=None, env=env)
             proc, out, err = done, done.stdout, done.stderr
         code = proc.returncode
