@@ -207,9 +207,10 @@ class SpanStore:
         try:
             diskio.make_folder(self.folder)
         except OSError as err:
-            warnings.warn(f"span store: cannot create {self.folder} ({diskio.why(err)}); clips are kept in RAM "
-                          f"only", stacklevel=4)
-            return
+            if not self.folder.is_dir():  # one that exists is read, whatever its disk allows
+                warnings.warn(f"span store: cannot create {self.folder} ({diskio.why(err)}); clips are kept in RAM "
+                              f"only", stacklevel=4)
+                return
         self._lock = diskio.FolderLock(self.folder)
         self.writable = self._lock.acquire()
         self._index = diskio.AppendLog(self.folder / self.INDEX)

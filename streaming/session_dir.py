@@ -58,14 +58,17 @@ class SessionDir:
             raise ConfigError(f"{option} {path}: {who} is writing this session; one writer at a time: wait for it "
                               f"to end or stop it") from None
         except OSError as err:
-            writable = False
-            self.warn(f"{option} {path}: cannot create the folder ({diskio.why(err)}); nothing of this session is "
-                      f"saved, the answers are still printed")
+            writable, why = False, diskio.why(err)
+            if not self.path.is_dir():
+                self.warn(f"{option} {path}: cannot create the folder ({why}); nothing of this session is saved, "
+                          f"the answers are still printed")
+        else:
+            why = self._lock.why
         if not writable:
             self.saving = dict.fromkeys(self.saving, False)
-            if self.path.exists():
-                self.warn(f"{option} {path}: the folder cannot be written ({self._lock.why or 'read-only'}); "
-                          f"running read-only: answers are printed, nothing new is saved")
+            if self.path.is_dir():
+                self.warn(f"{option} {path}: the folder cannot be written ({why or 'read-only'}); running "
+                          f"read-only: answers are printed, nothing new is saved")
         elif resume:
             self._mend_transcript()
 
