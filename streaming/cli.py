@@ -18,6 +18,7 @@ from inf_mllm.spec import PolicySpec, Recall, parse_budget
 from .checks import (
     EXIT_BROKEN_PIPE,
     EXIT_BUG,
+    STOP_STATUS,
     check_args,
     check_context,
     check_device,
@@ -334,7 +335,7 @@ def run_soak_cli(args, soak, engine, session, source, schedule, on_answer, on_to
     out.flush()
     if run["stopped"] == "interrupted":
         print("stream-qa: soak stopped; the verdict covers the rounds run", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return STOP_STATUS.get(run["stop_signal"], EXIT_INTERRUPTED)
     return 0 if v["passed"] else EXIT_SOAK_FAILED
 
 

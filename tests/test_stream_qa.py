@@ -144,6 +144,18 @@ def test_soak_loops_the_video_samples_memory_and_ends_with_a_verdict(vlm, tmp_pa
     assert code == (0 if v["passed"] else 3)
 
 
+def test_a_soak_stopped_by_sigterm_ends_with_its_verdict_and_143(tmp_path):
+    proc = subprocess.Popen([*STREAM_QA, str(bundled_clip("bikes.mp4")), "--soak", "1000", "--fast", "--clip-seconds",
+                             "1", "--every", "3s", "--max-new-tokens", "2", "--json", "--soak-log",
+                             str(tmp_path / "soak.jsonl")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "answer" in json.loads(proc.stdout.readline())  # a few rounds in
+    proc.send_signal(signal.SIGTERM)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "soak stopped" in err and "Traceback" not in err
+    verdict = json.loads(rest.splitlines()[-1])["soak_verdict"]
+    assert 3 <= verdict["rounds"] < 1000
+
+
 def test_non_utf8_stdin_is_reported():
     proc = subprocess.run([*STREAM_QA, str(bundled_clip("carphone_pristine.mp4")), "--fast"],
                           input=b"\xe9t\xe9\n", capture_output=True, timeout=300)
