@@ -55,6 +55,7 @@ bench-quick: setup
 	$(PY) -m benchmarks stream_ppl --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks retrieval --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks latency --quick --out benchmarks/results/quick
+	$(PY) -m benchmarks prefill --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks tiny_vlm --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks video_qa --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks arena --quick --out benchmarks/results/quick

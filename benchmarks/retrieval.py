@@ -45,9 +45,9 @@ def answered(session, question_ids, answer_ids, after_ids, oracle=None) -> bool:
     question gives the answer. With recall the question's own tokens pick the turns to link."""
     turn = torch.cat([question_ids, answer_ids, after_ids], dim=1)
     if session.recall is not None:
-        logits = session.append_question(turn, probe_ids=question_ids, oracle=oracle)
+        logits = session.append_question(turn, probe_ids=question_ids, oracle=oracle, all_logits=True)
     else:
-        logits = session.append(turn)
+        logits = session.append(turn, all_logits=True)
     start = question_ids.shape[1] - 1  # the logits at the question's last token predict the answer's first
     return bool((logits[0, start:start + answer_ids.shape[1]].argmax(-1) == answer_ids[0]).all())
 

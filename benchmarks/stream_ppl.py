@@ -35,7 +35,7 @@ def stream(model, tok, ids, policy, budget, cfg, segment, bar, state=None, on_ro
     for start in range(first, ids.numel(), CHUNK):
         chunk = ids[start:start + CHUNK][None]
         timer = RoundTimer(session)
-        logits = session.append(chunk)
+        logits = session.append(chunk, all_logits=True)
         round_s = timer.turn()
         shares.append(timer.share(round_s))
         if on_round:

@@ -73,8 +73,11 @@ class StreamSession:
     @torch.inference_mode()
     def append(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
                evict: bool = True, store: bool = True, meta: dict | None = None,
-               vision: tuple[int, int] | None = None) -> torch.Tensor:
-        """Prefill one turn; returns its logits (B, L, V). Evicts afterwards unless evict=False.
+               vision: tuple[int, int] | None = None, all_logits: bool = False) -> torch.Tensor:
+        """Prefill one turn; returns the logits of its last position (B, 1, V), or of every position (B, L, V)
+        with all_logits=True (perplexity, teacher-forced answers): the LM head over a whole turn is about a
+        fifth of a clip turn's prefill for SmolLM2, spent for nothing when only the next token matters.
+        Evicts afterwards unless evict=False.
 
         With recall, recalled spans leave first, and the turn goes to the store (unless store=False)
         with `meta` (e.g. its clip index and video times) to report when it is recalled. `vision`, the
@@ -86,7 +89,7 @@ class StreamSession:
         self._forget_question()
         if self.recall is not None:
             recall_.unlink(self.cache)
-        return self._prefill(input_ids, inputs_embeds, evict, store, meta, vision)
+        return self._prefill(input_ids, inputs_embeds, evict, store, meta, vision, all_logits)
 
     def _forget_question(self) -> None:
         """A question asked with keep=False leaves, with its answer, as the next turn begins."""
@@ -100,12 +103,14 @@ class StreamSession:
             self._decoding.close()
 
     def _prefill(self, input_ids, inputs_embeds, evict: bool, store: bool, meta: dict | None,
-                 vision: tuple[int, int] | None = None) -> torch.Tensor:
+                 vision: tuple[int, int] | None = None, all_logits: bool = False) -> torch.Tensor:
         held = int(self._pending is not None)
         input_ids, inputs_embeds = self._with_pending(input_ids, inputs_embeds)
+        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         stats = TurnStats()
         t0 = time.perf_counter()
         kwargs = {"input_ids": input_ids} if input_ids is not None else {"inputs_embeds": inputs_embeds}
+        kwargs["logits_to_keep"] = 0 if all_logits else 1  # 0: every position
         self.cache.turn = self.turns
         marks = self.cache.mark()
         self.cache.announce_vision(None if vision is None else vision[1] + held)
@@ -119,12 +124,11 @@ class StreamSession:
         self._pending = None
         t1 = time.perf_counter()
         if self.recall is not None and store:
-            length = out.logits.shape[1]
             self.store.add(recall_.make_span(self.cache, self.turns, length, self.recall, meta or {}))
         if evict:
             self.cache.evict()
         stats.prefill_s, stats.evict_s = t1 - t0, time.perf_counter() - t1
-        self.seen += out.logits.shape[1]
+        self.seen += length
         self.turns += 1
         self._logits = out.logits[:, -1]
         self.last = stats
@@ -142,7 +146,8 @@ class StreamSession:
     @torch.inference_mode()
     def append_question(self, input_ids: torch.Tensor, probe_ids: torch.Tensor | None = None,
                         named: Callable[[dict], bool] | None = None,
-                        oracle: Callable[[dict], bool] | None = None, keep: bool = True) -> torch.Tensor:
+                        oracle: Callable[[dict], bool] | None = None, keep: bool = True,
+                        all_logits: bool = False) -> torch.Tensor:
         """A question turn: with recall, the stored turns it needs are linked back first (those `named`
         by the question, then the best matches of its keys: `probe_ids`, default the turn itself), and
         it does not evict them. `oracle` is the right span, for the oracle mode of the benchmarks.
@@ -166,7 +171,8 @@ class StreamSession:
             linked = recall_.link(self.cache, self.store, chosen, self.recall.at)
         spent = time.perf_counter() - t0
         marks = None if keep else self.cache.mark()
-        logits = self._prefill(input_ids, None, evict=keep and not linked, store=False, meta=None)
+        logits = self._prefill(input_ids, None, evict=keep and not linked, store=False, meta=None,
+                               all_logits=all_logits)
         self._forget_at = marks
         self.last.recall_s = spent
         self.last_recalled = [(i, self.store.spans[i].meta) for i in linked if i in self.store]

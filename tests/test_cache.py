@@ -15,6 +15,20 @@ def plain_logits(model, ids):
         return model(input_ids=ids).logits
 
 
+def test_a_prefill_computes_the_last_positions_logits_unless_asked_for_all(smol):
+    """Only the next token needs logits: the LM head runs over the last position (the same numbers as the last
+    row of every position's), and everything else about the turn is as before."""
+    model, tok = smol
+    ids = torch.randint(100, 20000, (1, 40), generator=torch.Generator().manual_seed(0))
+    last_only, every = (StreamSession(model, tok, "inf_mllm", budget=4096) for _ in range(2))
+    last, all_rows = last_only.append(ids), every.append(ids, all_logits=True)
+    assert last.shape == (1, 1, model.config.vocab_size) and all_rows.shape == (1, 40, model.config.vocab_size)
+    assert (last[:, -1] - all_rows[:, -1]).abs().max() < 1e-4
+    assert last_only.seen == every.seen == 40 and last_only.kv_tokens == every.kv_tokens == 40
+    answers = [[int(t[0]) for t in s.generate(4, eos_token_id=[])] for s in (last_only, every)]
+    assert answers[0] == answers[1]
+
+
 @pytest.mark.parametrize("policy", list(POLICIES))
 @pytest.mark.parametrize("batch", [1, 2])
 def test_budget_above_stream_reproduces_plain_model(smol, policy, batch):
@@ -23,7 +37,7 @@ def test_budget_above_stream_reproduces_plain_model(smol, policy, batch):
     ids = torch.randint(100, 20000, (batch, 120))
     want = plain_logits(model, ids)
     session = StreamSession(model, tok, policy, budget=4096, batch=batch, **SMALL.get(policy, {}))
-    got = torch.cat([session.append(ids[:, i:i + 30]) for i in range(0, 120, 30)], dim=1)
+    got = torch.cat([session.append(ids[:, i:i + 30], all_logits=True) for i in range(0, 120, 30)], dim=1)
     assert (got - want).abs().max() <= 1e-4
     assert session.kv_tokens == 120
 

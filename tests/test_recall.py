@@ -39,7 +39,7 @@ def test_recall_without_eviction_equals_the_plain_model(smol):
     model, tok = smol
     question = ids_of(tok, "What is the secret number?")
     session = streamed(smol)
-    got = session.append_question(question)
+    got = session.append_question(question, all_logits=True)
     want = model(input_ids=torch.cat([ids_of(tok, t) for t in TURNS] + [question], dim=1)).logits
     assert session.last_recalled == [] and len(session.store) == len(TURNS)
     assert (got - want[:, -question.shape[1]:]).abs().max() < 1e-4
