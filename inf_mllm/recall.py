@@ -1,23 +1,20 @@
 """Recall: evicted turns come back from the span store when a question needs them.
 
-When the caller has resolved which stored turns a question needs (`named`: a predicate on a span's
-meta, e.g. the clips whose words name what it asks about, or the clip or time it names), exactly those
-no longer cached are linked, and none for a question about the present. Otherwise it ranks the
-stored turns by similarity and links those that beat every turn still cached.
-A probe forward of the question over the cache runs up to the last scoring
-layer and stops (leaving no trace); the question's keys there, with RoPE removed, are compared
-with each stored span's summary keys (cosine, best span key per question token). Each question
-token's similarities are z-normalised over the candidate spans, so tokens every turn shares (the
-chat template) weigh nothing and the distinctive ones ("clip", a number, a key word) decide; a span
-scores by its best token, averaged over heads, summed over the scoring layers. Keys of the middle
-layers carry a token together with its neighbours, so they match "clip 13" rather than any 1 and 3
-(the layer choice is measured in
-benchmarks/results/README.md). The spans are linked back in time order as one block, re-rotated to
-fresh contiguous positions (at the end of the cache, just before the question, or at its front
-after the sinks), with no re-encoding. The question turn does not evict, so the answer sees them;
-they leave again at the next turn boundary. `oracle` links exactly the right span and `random` k
-random ones: the references recall is measured against. The options are `spec.Recall`.
-"""
+When the caller has resolved which stored turns a question needs (`named`: a predicate on a span's meta, e.g.
+the clips whose words name what it asks about, or the clip or time it names), exactly those no longer cached
+are linked, and none for a question about the present. Otherwise it ranks the stored turns by similarity and
+links those that beat every turn still cached. A probe forward of the question over the cache runs up to the
+last scoring layer and stops (leaving no trace); the question's keys there, with RoPE removed, are compared
+with each stored span's summary keys (cosine, best span key per question token). Each question token's
+similarities are z-normalised over the candidate spans, so tokens every turn shares (the chat template) weigh
+nothing and the distinctive ones ("clip", a number, a key word) decide; a span scores by its best token,
+averaged over heads, summed over the scoring layers. Keys of the middle layers carry a token together with its
+neighbours, so they match "clip 13" rather than any 1 and 3 (the layer choice is measured in
+benchmarks/results/README.md). The spans are linked back in time order as one block, re-rotated to fresh
+contiguous positions (at the end of the cache, just before the question, or at its front after the sinks),
+with no re-encoding. The question turn does not evict, so the answer sees them; they leave again at the next
+turn boundary. `oracle` links exactly the right span and `random` k random ones: the references recall is
+measured against. The options are `spec.Recall`."""
 
 from collections.abc import Callable
 

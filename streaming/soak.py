@@ -125,7 +125,7 @@ def run_soak(engine, session, source, schedule, log, *, rounds: int | None, dura
         if on_clip:
             on_clip(clip)
 
-    stopped, oom_event = None, None
+    stopped, oom_event, stop_signal = None, None, None
     try:
         for answer in engine.run(source, schedule, on_clip=clip_done, on_token=on_token):
             state["answers"] += 1
@@ -140,7 +140,7 @@ def run_soak(engine, session, source, schedule, log, *, rounds: int | None, dura
             raise
         oom_event = f"{type(err).__name__} at round {state['round']}"
     except KeyboardInterrupt as stop:
-        stopped, state["signal"] = "interrupted", getattr(stop, "signum", None)  # None: Ctrl-C
+        stopped, stop_signal = "interrupted", getattr(stop, "signum", None)  # None: Ctrl-C
     sample(force=True)
     elapsed = time.monotonic() - start
     oom_after = oom_kills()
@@ -154,7 +154,7 @@ def run_soak(engine, session, source, schedule, log, *, rounds: int | None, dura
             "elapsed_s": elapsed, "s_per_round": elapsed / n_rounds if n_rounds else float("nan"),
             "answers": state["answers"], "empty_answers": state["empty"], "expected_answers": expected,
             "peak_kv_tokens": state["peak_kv"], "samples": state["samples"], "stopped": stopped,
-            "stop_signal": state.get("signal"),
+            "stop_signal": stop_signal,
             "oom_events": ([oom_event] if oom_event else [])
             + ([f"kernel oom_kill count +{oom_after - oom_before}"] if oom_before is not None
                and oom_after is not None and oom_after > oom_before else []),

@@ -12,6 +12,7 @@ a FIFO) plays as it arrives when it carries a container made for streaming (MPEG
 may keep its index at the end) is read to its end into a temporary file first.
 """
 
+import contextlib
 import importlib.util
 import math
 import os
@@ -263,15 +264,11 @@ def relay(pipe, head: bytes) -> str:
     read_fd, write_fd = os.pipe()
 
     def copy():
-        try:
-            with os.fdopen(write_fd, "wb", buffering=0) as out:
-                out.write(head)
-                while chunk := pipe.read(1 << 16):
-                    out.write(chunk)
-        except OSError:  # the reader has gone (BrokenPipeError): nothing left to copy for
-            pass
-        finally:
-            pipe.close()
+        # an OSError (BrokenPipeError: the reader has gone) ends the copy, quietly
+        with pipe, contextlib.suppress(OSError), os.fdopen(write_fd, "wb", buffering=0) as out:
+            out.write(head)
+            while chunk := pipe.read(1 << 16):
+                out.write(chunk)
 
     threading.Thread(target=copy, name="pipe-relay", daemon=True).start()
     return f"/proc/{os.getpid()}/fd/{read_fd}"

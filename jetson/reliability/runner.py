@@ -23,7 +23,10 @@ def run_subprocess(case: Case, tmp: Path, timeout: float = 300) -> dict:
     argv = [sys.executable, "-m", "streaming.cli", *case.build(tmp)]
     env = {**os.environ, "STREAM_QA_LOG_DIR": str(tmp / "logs")}  # a bug report stays with its case (read as TMP)
     for name, value in (case.env(tmp) if case.env else {}).items():
-        env.pop(name, None) if value is None else env.__setitem__(name, value)
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     if case.fault:
         argv[1:3] = ["-m", "jetson.faults", *map(str, case.fault), "--"]
     start = time.monotonic()
