@@ -3,6 +3,9 @@
 import argparse
 import os
 
+from streaming.checks import one_line
+
+from .chat import add_checkpoint
 from .ui import launch
 
 
@@ -14,7 +17,14 @@ def main(argv=None) -> None:
     p.add_argument("--max-upload-mb", type=float, default=200)
     p.add_argument("--clock-speed", type=float, default=1.0,
                    help="video seconds per second when no player reports its position (API clients)")
+    p.add_argument("--hf", action="append", default=[], metavar="DIR",
+                   help="also offer this transformers checkpoint folder (LLaVA-OneVision, SmolVLM2) as a model")
     args = p.parse_args(argv)
+    for folder in args.hf:
+        try:
+            print(f"offering {add_checkpoint(folder)}")
+        except ValueError as err:
+            raise SystemExit(f"python -m app: {one_line(err)}") from None
     launch(args.port, idle_s=args.idle, max_upload_mb=args.max_upload_mb, clock_speed=args.clock_speed)
 
 

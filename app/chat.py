@@ -10,6 +10,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import torch
@@ -22,7 +23,8 @@ from streaming.engine import Answer, TurnEngine
 from streaming.memory import auto_budget_for
 from streaming.questions import Question, Schedule
 
-MODELS = ("tiny-vlm", "flash-vstream-tiny", "chat-univi-tiny")
+MODELS = ["tiny-vlm", "flash-vstream-tiny", "chat-univi-tiny"]  # `python -m app --hf DIR` adds checkpoints
+CHECKPOINTS: dict[str, str] = {}  # model name in the list → transformers checkpoint folder (`--model hf`)
 _adapters: dict[str, object] = {}
 _adapters_lock = threading.Lock()
 MODEL_LOCK = threading.Lock()  # one model step at a time across sessions: a second user queues
@@ -75,8 +77,20 @@ def shared_adapter(name: str):
         raise BadInput(f"unknown model {name!r}; available: {', '.join(MODELS)}")
     with _adapters_lock:
         if name not in _adapters:
-            _adapters[name] = load_adapter(name)
+            _adapters[name] = load_adapter("hf", CHECKPOINTS[name]) if name in CHECKPOINTS else load_adapter(name)
         return _adapters[name]
+
+
+def add_checkpoint(folder: str) -> str:
+    """Offer a transformers checkpoint folder in the model list as "hf:NAME". Loaded now: a folder that cannot
+    work fails at start-up, in one line, not in a user's session."""
+    name = f"hf:{Path(folder).expanduser().resolve().name}"
+    if name not in MODELS:
+        with _adapters_lock:
+            _adapters[name] = load_adapter("hf", folder)
+        CHECKPOINTS[name] = folder
+        MODELS.append(name)
+    return name
 
 
 class _Serialized:

@@ -1,13 +1,14 @@
 """`python -m benchmarks NAME [--quick] [--out DIR]`: stream_ppl, retrieval, latency, tiny_vlm, video_qa, and
 arena (every policy on stream_ppl, retrieval and video_qa at the same budgets), natural (plain-words questions
-over an hour of real footage), prefill (a clip turn's prefill, LM head over every position against the last)."""
+over an hour of real footage), prefill (a clip turn's prefill, LM head over every position against the last),
+hf_models (transformers' video LLMs on the bounded cache, per family on a tiny random checkpoint)."""
 
 import argparse
 import importlib
 import sys
 
-NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception",
-         "natural")
+NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "tiny_vlm", "video_qa", "arena", "real_scenes",
+         "perception", "natural")
 
 
 def main(argv=None) -> int:

@@ -56,6 +56,8 @@ class RotationTable:
 def rope_inv_freq(model) -> torch.Tensor:
     """The inverse frequencies of a transformers RoPE model, or a clear ValueError if it has none."""
     base = getattr(model, "model", model)
+    if not hasattr(base, "rotary_emb") and hasattr(model, "get_decoder"):
+        base = model.get_decoder()  # a vision-language model: its language model holds the rotary embedding
     rotary = getattr(base, "rotary_emb", None)
     inv_freq = getattr(rotary, "inv_freq", None)
     if inv_freq is None:

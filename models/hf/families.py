@@ -1,0 +1,150 @@
+"""What differs between families: pixels, visual features, and how a clip's placeholder expands.
+
+A family reads its settings from the checkpoint's processor files (what transformers' processors
+save), so a real checkpoint and the tests' tiny ones go through the same code. Only 1-D RoPE language
+models are accepted: re-rotating kept keys by their shift is exact there (see ARCHITECTURE.md).
+"""
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from inf_mllm.loader import AssetError
+
+from . import pixels
+
+# model_type → why it is refused; one line, shown as is
+UNSUPPORTED = {
+    kind: (f"{kind} uses multimodal RoPE (three position axes, vision tokens at 2-D offsets, rope_deltas): the "
+           "bounded cache re-assigns 1-D positions only, so it would answer from wrongly placed keys; not supported "
+           "yet")
+    for kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_omni", "glm4v")
+}
+_NUMBERS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+            "seventeen eighteen nineteen").split()
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+
+
+def number_words(n: int) -> str:
+    """0..99 in words, as num2words writes them (SmolVLM's video intro counts frames this way)."""
+    if n < 20:
+        return _NUMBERS[n]
+    tens, ones = divmod(n, 10)
+    return _TENS[tens - 2] + (f"-{_NUMBERS[ones]}" if ones else "")
+
+
+def processor_settings(folder: Path, key: str) -> dict:
+    """The `key` ("video_processor"/"image_processor") settings of a checkpoint, wherever transformers put them."""
+    combined = folder / "processor_config.json"
+    if combined.exists():
+        data = json.loads(combined.read_text())
+        if key in data:
+            return data[key] | {k: v for k, v in data.items() if not isinstance(v, dict)}
+    own = folder / ("video_preprocessor_config.json" if key == "video_processor" else "preprocessor_config.json")
+    if own.exists():
+        return json.loads(own.read_text())
+    fallback = folder / "preprocessor_config.json"
+    return json.loads(fallback.read_text()) if fallback.exists() else {}
+
+
+def clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 60:02d}:{s % 60:02d}"
+
+
+@dataclass
+class Family:
+    name: str
+    placeholder: str  # the token whose positions the visual features fill
+    video_tag: str  # what the chat template writes for a video
+
+    def pixels(self, frames) -> torch.Tensor:
+        raise NotImplementedError
+
+    def features(self, model, pixel_values: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def expand(self, count: int, times: list[float], duration: float) -> str:
+        """The text that replaces the template's video tag for `count` frames at `times` (stream seconds) of a
+        clip `duration` seconds long."""
+        raise NotImplementedError
+
+    def tokens_per_frame(self) -> int:
+        raise NotImplementedError
+
+
+class LlavaOneVision(Family):
+    """SigLIP features of each frame, projected, 2×2 bilinear pooling, one newline embedding per video."""
+
+    def __init__(self, config, folder: Path):
+        super().__init__("llava_onevision", "<video>", "<video>")
+        self.config = config
+        self.settings = {"size": {"height": 384, "width": 384}, "resample": 3, "image_mean": [0.48145466, 0.4578275,
+                         0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711], "rescale_factor": 1 / 255}
+        self.settings |= processor_settings(folder, "video_processor")
+
+    def pixels(self, frames) -> torch.Tensor:
+        return pixels.fixed_size(frames, self.settings)[None]
+
+    def features(self, model, pixel_values):
+        cfg = self.config
+        out = model.model.get_video_features(pixel_values, vision_feature_layer=cfg.vision_feature_layer,
+                                             vision_feature_select_strategy=cfg.vision_feature_select_strategy)
+        return out.pooler_output[0]
+
+    def tokens_per_frame(self) -> int:
+        side = math.ceil(self.config.vision_config.image_size // self.config.vision_config.patch_size / 2)
+        return side * side
+
+    def expand(self, count, times, duration):
+        return self.placeholder * (count * self.tokens_per_frame() + 1)
+
+
+class SmolVLM(Family):
+    """Each frame one image of `image_seq_len` tokens (pixel shuffle), introduced by its time, as SmolVLM2's
+    processor lays out a video."""
+
+    def __init__(self, config, folder: Path):
+        super().__init__("smolvlm", "<image>", "<video>")
+        self.config = config
+        self.settings = {"size": {"longest_edge": 4 * 364}, "max_image_size": {"longest_edge": 364}, "resample": 1,
+                         "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "rescale_factor": 1 / 255}
+        self.settings |= processor_settings(folder, "video_processor")
+        sampling = self.settings.get("video_sampling") or {}
+        if "video_size" in sampling:
+            self.settings["size"] = sampling["video_size"]
+
+    def pixels(self, frames):
+        return pixels.longest_edge_then_square(frames, self.settings)[None]
+
+    def features(self, model, pixel_values):
+        return model.model.get_image_features(pixel_values.to(model.dtype)).pooler_output[0]
+
+    def tokens_per_frame(self) -> int:
+        vision = self.config.vision_config
+        return (vision.image_size // vision.patch_size) ** 2 // self.config.scale_factor ** 2
+
+    def expand(self, count, times, duration):
+        hours, rest = divmod(int(duration), 3600)
+        text = (f"You are provided the following series of {number_words(count) if count < 100 else count} frames "
+                f"from a {hours}:{rest // 60:02d}:{rest % 60:02d} [H:MM:SS] video.\n")
+        image = "<fake_token_around_image><global-img>" + self.placeholder * self.tokens_per_frame() \
+            + "<fake_token_around_image>"
+        for t in times:
+            text += f"\nFrame from {clock(t)}:{image}"
+        return text + "\n\n"
+
+
+FAMILIES = {"llava_onevision": LlavaOneVision, "smolvlm": SmolVLM}
+
+
+def family_for(config, folder: Path) -> Family:
+    kind = config.model_type
+    if kind in UNSUPPORTED:
+        raise AssetError(UNSUPPORTED[kind])
+    if kind not in FAMILIES:
+        raise AssetError(f"model type {kind!r} is not a supported video LLM family ({', '.join(FAMILIES)})")
+    return FAMILIES[kind](config, folder)

@@ -1,0 +1,92 @@
+"""Frames → pixel values exactly as transformers' video processors make them, without torchvision.
+
+transformers' video processors (LLaVA-OneVision's, SmolVLM's) import torchvision, and this machine's
+CPU torch has no torchvision build that imports. Their work is a resize, a rescale and a normalise;
+torchvision's tensor resize is torch's own antialiased interpolation, so the same calls give the same
+numbers (`tests/test_hf_models.py` checks them against outputs recorded from the processors themselves).
+"""
+
+import math
+import platform
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+# PIL resample codes (what processor configs store) → torch's interpolation modes
+_MODES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic"}
+
+
+def resize(video: torch.Tensor, height: int, width: int, resample: int) -> torch.Tensor:
+    """(T, 3, H, W) uint8 → (T, 3, height, width) uint8, as torchvision resizes a uint8 video on a CPU: torch's
+    own antialiased uint8 kernels (bicubic, Lanczos; bilinear where the CPU has AVX2 or is ARM), else in
+    float32, clamped and rounded."""
+    if tuple(video.shape[-2:]) == (height, width):
+        return video
+    mode = _MODES.get(int(resample), "bicubic")
+    if mode == "nearest":
+        return F.interpolate(video, size=(height, width), mode=mode)
+    native = mode != "bilinear" or torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") \
+        or platform.machine() in ("aarch64", "arm64")
+    image = video if native else video.float()
+    out = F.interpolate(image, size=(height, width), mode=mode, align_corners=False, antialias=True)
+    return out if native else out.clamp_(0, 255).round_().to(torch.uint8)
+
+
+def normalise(video: torch.Tensor, cfg: dict) -> torch.Tensor:
+    """Rescale and normalise in float32 as transformers does: fused into one normalise by mean / factor and
+    std / factor when it does both."""
+    factor = float(cfg.get("rescale_factor", 1 / 255))
+    rescale, norm = cfg.get("do_rescale", True), cfg.get("do_normalize", True)
+    out = video.to(torch.float32)
+    if norm:
+        mean = torch.tensor(cfg["image_mean"]) * (1.0 / factor if rescale else 1.0)
+        std = torch.tensor(cfg["image_std"]) * (1.0 / factor if rescale else 1.0)
+        return out.sub_(mean[:, None, None]).div_(std[:, None, None])
+    return out * factor if rescale else out
+
+
+def as_video(frames: np.ndarray) -> torch.Tensor:
+    """(T, H, W, 3) uint8 RGB frames → (T, 3, H, W) uint8."""
+    return torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).contiguous()
+
+
+def fixed_size(frames: np.ndarray, cfg: dict) -> torch.Tensor:
+    """LLaVA-OneVision's video processor: every frame to size (height, width)."""
+    size = cfg["size"]
+    video = resize(as_video(frames), size["height"], size["width"], cfg.get("resample", 3))
+    return normalise(video, cfg)
+
+
+def longest_edge_then_square(frames: np.ndarray, cfg: dict) -> torch.Tensor:
+    """SmolVLM's video processor: longest edge to `size.longest_edge` (even sides), then the square of
+    `max_image_size.longest_edge` (what its image processor gives a frame it does not split)."""
+    video = as_video(frames)
+    height, width = video.shape[-2:]
+    longest = min(cfg["size"]["longest_edge"], 4096)  # transformers' MAX_IMAGE_SIZE
+    ratio = width / height
+    if width >= height:
+        width = longest
+        height = int(width / ratio)
+        height += height % 2
+    else:
+        height = longest
+        width = int(height * ratio)
+        width += width % 2
+    height, width = max(height, 1), max(width, 1)
+    resample = cfg.get("resample", 1)
+    video = resize(video, height, width, resample)
+    side = cfg["max_image_size"]["longest_edge"]
+    return normalise(resize(video, side, side, resample), cfg)
+
+
+def pick_frames(frames: np.ndarray, times, count: int) -> tuple[np.ndarray, list[float]]:
+    """`count` frames spread evenly over the clip (all of them when it has fewer)."""
+    if len(frames) <= count:
+        return frames, [float(t) for t in times]
+    idx = np.linspace(0, len(frames) - 1, count).round().astype(int)
+    return frames[idx], [float(times[i]) for i in idx]
+
+
+def pooled_side(side: int) -> int:
+    return math.ceil(side / 2)

