@@ -150,6 +150,7 @@ def test_rerotated_keys_equal_keys_computed_fresh_at_the_new_positions(adapter):
     assert rope_inv_freq(adapter.model).shape[0] == attn.head_dim // 2
 
 
+@pytest.mark.slow  # ~40 s for the four
 @pytest.mark.parametrize("policy", ["inf_mllm", "inf_mllm+recall"])
 def test_a_300_clip_session_stays_at_its_budget(adapter, policy, tmp_path):
     budget = 4 * adapter.turn_tokens()
