@@ -74,6 +74,8 @@ class HFVideo(VideoAdapter):
 
     def end_token_id(self) -> int:
         eos = self.model.generation_config.eos_token_id
+        if eos is None:  # a checkpoint without a generation config: the tokenizer's
+            eos = self.tokenizer.eos_token_id
         return int(eos[0] if isinstance(eos, list) else eos)
 
     def message(self, content: list[dict], prompt: bool = False) -> str:
