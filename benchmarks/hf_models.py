@@ -40,8 +40,7 @@ def measure(adapter, frames, times, rounds: int) -> list[dict]:
                 "".join(adapter.ask(session, "what is in the video?", max_new_tokens=16, eos_token_id=[]))
                 if session.last.decoded > 1:
                     decode.append(session.last.decode_s / (session.last.decoded - 1))
-    per_clip = adapter.turn_tokens() * session.cache.layers[0].keys[0, :, :1].numel() * 2 \
-        * len(session.cache.layers) * session.cache.layers[0].keys.element_size()
+    per_clip = adapter.turn_tokens() * session.kv_bytes / session.kv_tokens
     return [record("hf_models", name, budget, "encode_ms", 1e3 * median(encode), adapter.turn_tokens()),
             record("hf_models", name, budget, "prefill_ms", 1e3 * median(prefill), adapter.turn_tokens()),
             record("hf_models", name, budget, "decode_ms_per_token", 1e3 * median(decode), adapter.turn_tokens()),

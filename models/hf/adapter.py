@@ -20,7 +20,7 @@ from inf_mllm.loader import AssetError
 
 from ..base import AdapterInfo, VideoAdapter
 from . import pixels
-from .families import family_for
+from .families import clock, family_for
 
 
 class HFVideo(VideoAdapter):
@@ -91,10 +91,7 @@ class HFVideo(VideoAdapter):
         return self.opening
 
     def system_ids(self) -> torch.Tensor:
-        ids = self.text_ids(self.opening) if self.opening else None
-        if ids is None or ids.shape[1] == 0:  # a template that opens with nothing: the first turn's separator
-            return self.text_ids(self.sep or " ")
-        return ids
+        return self.text_ids(self.opening or self.sep or " ")  # a template that opens with nothing: a separator
 
     def clip_text(self, index: int, start_s: float = 0.0) -> tuple[str, str]:
         text = self.clip_message(index, start_s, [start_s + k for k in range(self.frames)], self.frames)
@@ -103,16 +100,16 @@ class HFVideo(VideoAdapter):
         return text[:at], text[last:]
 
     def clip_message(self, index: int, start_s: float, times: list[float], duration: float) -> str:
-        tag = self.family.video_tag
-        text = self.message([{"type": "video"}, {"type": "text", "text": f"Clip {index} at {clock_text(start_s)}."}])
-        return text.replace(tag, self.family.expand(len(times), times, duration), 1)
+        caption = f"Clip {index} at {clock(start_s, pad=False)}."
+        text = self.message([{"type": "video"}, {"type": "text", "text": caption}])
+        return text.replace(self.family.video_tag, self.family.expand(len(times), times, duration), 1)
 
     def question_text(self, question: str) -> str:
         return self.message([{"type": "text", "text": question.strip()}], prompt=True)
 
     @torch.inference_mode()
     def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float]) -> torch.Tensor:
-        frames, _ = pixels.pick_frames(np.asarray(frames), list(timestamps) or range(len(frames)), self.frames)
+        frames = pixels.pick_frames(np.asarray(frames), self.frames)
         if len(frames) < self.frames:  # a short last clip: repeat its last frame so every clip has one shape
             frames = np.concatenate([frames, np.repeat(frames[-1:], self.frames - len(frames), axis=0)])
         values = self.family.pixels(frames).to(self.device)
@@ -125,7 +122,10 @@ class HFVideo(VideoAdapter):
         return self.text_ids(self.clip_message(index, start_s, times, round(end - start_s)))
 
     def clip_turn(self, visual: torch.Tensor, index: int, start_s: float = 0.0, end_s: float | None = None):
-        ids = self.clip_ids(index, start_s, end_s)
+        return self.embed_clip(self.clip_ids(index, start_s, end_s), visual)
+
+    def embed_clip(self, ids: torch.Tensor, visual: torch.Tensor) -> torch.Tensor:
+        """(1, L, hidden): the clip turn's ids embedded, the visual features over its placeholder tokens."""
         embeds = self.model.get_input_embeddings()(ids)
         slots = ids[0] == self.placeholder_id
         if int(slots.sum()) != visual.shape[0]:
@@ -137,7 +137,7 @@ class HFVideo(VideoAdapter):
         meta = self.clip_meta(visual, index, start_s, end_s)
         ids = self.clip_ids(index, start_s, end_s)
         where = (ids[0] == self.placeholder_id).nonzero()[:, 0]
-        session.append(inputs_embeds=self.clip_turn(visual, index, start_s, end_s), meta=meta,
+        session.append(inputs_embeds=self.embed_clip(ids, visual), meta=meta,
                        vision=(int(where[0]), int(where[-1]) + 1))
         return meta
 
@@ -146,8 +146,7 @@ class HFVideo(VideoAdapter):
 
     def describe(self) -> AdapterInfo:
         text = self.model.config.get_text_config(decoder=True)
-        visual = self.frames * self.family.tokens_per_frame() + (self.family.name == "llava_onevision")
-        return AdapterInfo(self.name, visual, str(self.model.dtype), str(self.device),
+        return AdapterInfo(self.name, self.family.visual_tokens(self.frames), str(self.model.dtype), str(self.device),
                            getattr(text, "max_position_embeddings", 0), text.hidden_size)
 
 
@@ -164,11 +163,6 @@ def checkpoint_folder(path: str) -> Path:
     except Exception as err:  # no network, unknown id, gated model: all one line for the user
         raise AssetError(f"{path} is no folder here and the hub cannot give it ({type(err).__name__}): download "
                          "the checkpoint where the hub is reachable and pass its folder") from err
-
-
-def clock_text(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 60}:{s % 60:02d}"
 
 
 def chat_template(folder: Path, tokenizer) -> str:

@@ -7,6 +7,7 @@ models are accepted: re-rotating kept keys by their shift is exact there (see AR
 
 import json
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,44 +37,48 @@ def number_words(n: int) -> str:
     return _TENS[tens - 2] + (f"-{_NUMBERS[ones]}" if ones else "")
 
 
-def processor_settings(folder: Path, key: str) -> dict:
-    """The `key` ("video_processor"/"image_processor") settings of a checkpoint, wherever transformers put them."""
+def video_settings(folder: Path) -> dict:
+    """A checkpoint's video processor settings, wherever transformers saved them: `processor_config.json`'s
+    `video_processor`, else `video_preprocessor_config.json`, else the image processor's file."""
     combined = folder / "processor_config.json"
     if combined.exists():
         data = json.loads(combined.read_text())
-        if key in data:
-            return data[key] | {k: v for k, v in data.items() if not isinstance(v, dict)}
-    own = folder / ("video_preprocessor_config.json" if key == "video_processor" else "preprocessor_config.json")
-    if own.exists():
-        return json.loads(own.read_text())
-    fallback = folder / "preprocessor_config.json"
-    return json.loads(fallback.read_text()) if fallback.exists() else {}
+        if "video_processor" in data:
+            return data["video_processor"] | {k: v for k, v in data.items() if not isinstance(v, dict)}
+    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+        if (folder / name).exists():
+            return json.loads((folder / name).read_text())
+    return {}
 
 
-def clock(seconds: float) -> str:
-    s = int(seconds)
-    return f"{s // 60:02d}:{s % 60:02d}"
+def clock(seconds: float, pad: bool = True) -> str:
+    """Minutes and seconds: "01:32" (SmolVLM's frame times), or "1:32" with pad=False."""
+    minutes, s = divmod(int(seconds), 60)
+    return f"{minutes:02d}:{s:02d}" if pad else f"{minutes}:{s:02d}"
 
 
 @dataclass
-class Family:
+class Family(ABC):
     name: str
     placeholder: str  # the token whose positions the visual features fill
     video_tag: str  # what the chat template writes for a video
 
+    @abstractmethod
     def pixels(self, frames) -> torch.Tensor:
-        raise NotImplementedError
+        """(T, H, W, 3) uint8 frames → the pixel values the model's vision path takes."""
 
+    @abstractmethod
     def features(self, model, pixel_values: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """(N, hidden) visual features, one per placeholder token of the clip."""
 
+    @abstractmethod
+    def visual_tokens(self, count: int) -> int:
+        """Placeholder tokens of a clip of `count` frames."""
+
+    @abstractmethod
     def expand(self, count: int, times: list[float], duration: float) -> str:
         """The text that replaces the template's video tag for `count` frames at `times` (stream seconds) of a
         clip `duration` seconds long."""
-        raise NotImplementedError
-
-    def tokens_per_frame(self) -> int:
-        raise NotImplementedError
 
 
 class LlavaOneVision(Family):
@@ -84,7 +89,7 @@ class LlavaOneVision(Family):
         self.config = config
         self.settings = {"size": {"height": 384, "width": 384}, "resample": 3, "image_mean": [0.48145466, 0.4578275,
                          0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711], "rescale_factor": 1 / 255}
-        self.settings |= processor_settings(folder, "video_processor")
+        self.settings |= video_settings(folder)
 
     def pixels(self, frames) -> torch.Tensor:
         return pixels.fixed_size(frames, self.settings)[None]
@@ -95,12 +100,12 @@ class LlavaOneVision(Family):
                                              vision_feature_select_strategy=cfg.vision_feature_select_strategy)
         return out.pooler_output[0]
 
-    def tokens_per_frame(self) -> int:
+    def visual_tokens(self, count):
         side = math.ceil(self.config.vision_config.image_size // self.config.vision_config.patch_size / 2)
-        return side * side
+        return count * side * side + 1  # the pooled patches of every frame, then one newline embedding
 
     def expand(self, count, times, duration):
-        return self.placeholder * (count * self.tokens_per_frame() + 1)
+        return self.placeholder * self.visual_tokens(count)
 
 
 class SmolVLM(Family):
@@ -112,7 +117,7 @@ class SmolVLM(Family):
         self.config = config
         self.settings = {"size": {"longest_edge": 4 * 364}, "max_image_size": {"longest_edge": 364}, "resample": 1,
                          "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "rescale_factor": 1 / 255}
-        self.settings |= processor_settings(folder, "video_processor")
+        self.settings |= video_settings(folder)
         sampling = self.settings.get("video_sampling") or {}
         if "video_size" in sampling:
             self.settings["size"] = sampling["video_size"]
@@ -123,15 +128,18 @@ class SmolVLM(Family):
     def features(self, model, pixel_values):
         return model.model.get_image_features(pixel_values.to(model.dtype)).pooler_output[0]
 
-    def tokens_per_frame(self) -> int:
+    def per_frame(self) -> int:
         vision = self.config.vision_config
         return (vision.image_size // vision.patch_size) ** 2 // self.config.scale_factor ** 2
+
+    def visual_tokens(self, count):
+        return count * self.per_frame()
 
     def expand(self, count, times, duration):
         hours, rest = divmod(int(duration), 3600)
         text = (f"You are provided the following series of {number_words(count) if count < 100 else count} frames "
                 f"from a {hours}:{rest // 60:02d}:{rest % 60:02d} [H:MM:SS] video.\n")
-        image = "<fake_token_around_image><global-img>" + self.placeholder * self.tokens_per_frame() \
+        image = "<fake_token_around_image><global-img>" + self.placeholder * self.per_frame() \
             + "<fake_token_around_image>"
         for t in times:
             text += f"\nFrame from {clock(t)}:{image}"

@@ -6,7 +6,6 @@ torchvision's tensor resize is torch's own antialiased interpolation, so the sam
 numbers (`tests/test_hf_models.py` checks them against outputs recorded from the processors themselves).
 """
 
-import math
 import platform
 
 import numpy as np
@@ -80,13 +79,8 @@ def longest_edge_then_square(frames: np.ndarray, cfg: dict) -> torch.Tensor:
     return normalise(resize(video, side, side, resample), cfg)
 
 
-def pick_frames(frames: np.ndarray, times, count: int) -> tuple[np.ndarray, list[float]]:
+def pick_frames(frames: np.ndarray, count: int) -> np.ndarray:
     """`count` frames spread evenly over the clip (all of them when it has fewer)."""
     if len(frames) <= count:
-        return frames, [float(t) for t in times]
-    idx = np.linspace(0, len(frames) - 1, count).round().astype(int)
-    return frames[idx], [float(times[i]) for i in idx]
-
-
-def pooled_side(side: int) -> int:
-    return math.ceil(side / 2)
+        return frames
+    return frames[np.linspace(0, len(frames) - 1, count).round().astype(int)]
