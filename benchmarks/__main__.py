@@ -1,14 +1,16 @@
 """`python -m benchmarks NAME [--quick] [--out DIR]`: stream_ppl, retrieval, latency, tiny_vlm, video_qa, and
 arena (every policy on stream_ppl, retrieval and video_qa at the same budgets), natural (plain-words questions
 over an hour of real footage), prefill (a clip turn's prefill, LM head over every position against the last),
-hf_models (transformers' video LLMs on the bounded cache, per family on a tiny random checkpoint)."""
+hf_models (transformers' video LLMs on the bounded cache, per family on a tiny random checkpoint), compiled_decode
+(transformers' own caches, eager and compiled, as the decode reference) and sdpa_backends (a GPU diagnostic). latency,
+hf_models, compiled_decode and sdpa_backends take `--shape` (a randomly initialised 7B-sized model) and `--device`."""
 
 import argparse
 import importlib
 import sys
 
-NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "tiny_vlm", "video_qa", "arena", "real_scenes",
-         "perception", "natural")
+NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends", "tiny_vlm",
+         "video_qa", "arena", "real_scenes", "perception", "natural")
 
 
 def main(argv=None) -> int:
@@ -25,6 +27,10 @@ def main(argv=None) -> int:
     parser.add_argument("--resume", action="store_true",
                         help="stream_ppl: continue the run stopped in --out (checkpoints every 64K tokens); "
                              "arena: skip the runs already in --out/arena.json")
+    parser.add_argument("--shape", help="a randomly initialised 7B-sized model instead of the small real one, for "
+                        "speed and memory only (latency, compiled_decode, sdpa_backends: vicuna-7b, llama-2-7b-32k; "
+                        "hf_models: 7b)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     args = parser.parse_args(argv)
     module = importlib.import_module(f"benchmarks.{args.name}")
     try:

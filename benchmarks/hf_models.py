@@ -6,6 +6,8 @@ saved to a temporary folder and loaded through `--model hf` as a user's would be
 bundled clip make every clip turn. `inf_mllm` at a budget of four clip turns, filled first so that every
 timed turn evicts. Medians: a clip turn's encode (vision tower) and prefill (the forward; eviction apart),
 decode ms per token of 16-token answers, and the KV bytes one clip turn adds.
+
+`--shape 7b --device cuda`: LLaVA-OneVision at its 7B size (benchmarks/shapes.py), random, in bf16.
 """
 
 import tempfile
@@ -17,15 +19,19 @@ from tqdm import tqdm
 
 from models import load_adapter
 from models.hf import tiny
+from models.hf.adapter import HFVideo
 from streaming.sources import FileSource, bundled_clip
 
+from . import shapes
 from .common import median, print_table, record, write
 
 
-def measure(adapter, frames, times, rounds: int) -> list[dict]:
-    name = adapter.family.name
+def measure(adapter, frames, times, rounds: int, name: str | None = None) -> list[dict]:
+    name = name or adapter.family.name
     budget = 4 * adapter.turn_tokens()
     session = adapter.new_session("inf_mllm", budget=budget)
+    cuda = adapter.model.device.type == "cuda"
+    session.cache.measure_overhead = cuda  # the session's turn times wait for the GPU's queued work
     encode, prefill, decode = [], [], []
     with torch.inference_mode():
         while session.kv_tokens < budget:
@@ -33,6 +39,7 @@ def measure(adapter, frames, times, rounds: int) -> list[dict]:
         for r in tqdm(range(rounds), desc=name, unit="clip"):
             t0 = time.perf_counter()
             visual = adapter.encode(frames, times)
+            shapes.sync(adapter.model.device)
             encode.append(time.perf_counter() - t0)
             adapter.append_clip(session, visual, r + 2, 4.0 * r)
             prefill.append(session.last.prefill_s)
@@ -53,8 +60,15 @@ def run(args):
     frames, times = np.stack([f.rgb for f in clip]), [f.t for f in clip]
     records = []
     with tempfile.TemporaryDirectory() as folder:
-        for family in tiny.FAMILY_NAMES:
-            adapter = load_adapter("hf", tiny.save(family, f"{folder}/{family}"))
-            records += measure(adapter, frames, times, rounds)
+        if args.shape == "7b":
+            path, model = shapes.llava_onevision_7b(folder, args.device)
+            adapter = HFVideo(path, args.device, model=model)
+            records += measure(adapter, frames, times, rounds, "llava_onevision_7b")
+        elif args.shape is None:
+            for family in tiny.FAMILY_NAMES:
+                adapter = load_adapter("hf", tiny.save(family, f"{folder}/{family}"), device=args.device)
+                records += measure(adapter, frames, times, rounds)
+        else:
+            raise SystemExit(f"hf_models: --shape takes 7b, not {args.shape!r}")
     print_table(records, ["encode_ms", "prefill_ms", "decode_ms_per_token", "kv_kb_per_clip"])
-    write(args.out, "hf_models", records, [])
+    write(args.out, "hf_models" if args.shape is None else f"hf_models_{args.shape}", records, [])

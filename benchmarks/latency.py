@@ -8,10 +8,16 @@ RSS. Medians over the rounds. Timing a checkpoint's rounds right after it is fed
 once did, put each stream length at a different moment of a shared machine's load: the 2K and 128K
 rounds of one policy were minutes apart, and their ratio moved with whatever else ran (issue 23: a
 1.23x TTFT rise of `inf_mllm` that interleaved rounds do not show). The full cache stops at the model's
-context.
+context (or where the device runs out of memory). After the question rounds, a clip turn's time to first
+token (112 visual tokens and 16 of text, Chat-UniVi's event) is timed the same way.
+
+`--shape vicuna-7b` / `llama-2-7b-32k` (benchmarks/shapes.py) times randomly initialised 7B models in fp16
+on `--device` (a GPU: streams go on to 1M tokens), beside the floor set by the device's memory bandwidth,
+and the GPU memory each state needs alone: the weights, its own K/V and its round's peak working memory.
 """
 
 import copy
+import time
 
 import torch
 from tqdm import tqdm
@@ -19,18 +25,21 @@ from tqdm import tqdm
 from inf_mllm import StreamSession, load_model
 from inf_mllm.session import TurnStats
 
+from . import shapes
 from .common import RoundTimer, clip_to_context, median, plans, print_table, record, rss_mb, tokens_per_s, write
 from .corpus import token_stream
 
 FEED = 512
 QUESTION = 32
 ANSWER = 16
+CLIP = 112 + 16  # a Chat-UniVi event's visual tokens and its turn's text
+MB = 2**20
 
 
-def one_round(session, q) -> dict:
+def one_round(session, q, clock) -> dict:
     """A question round: its time to first token, decode speed and eviction share; the probe SDPA runs that
     price the scores are taken out."""
-    timer = RoundTimer(session)
+    timer = RoundTimer(session, clock)
     session.append(q)
     ttft = timer.turn()
     tokens = list(session.generate(ANSWER, eos_token_id=[]))
@@ -41,6 +50,54 @@ def one_round(session, q) -> dict:
             "evict_share": timer.share(round_s), "tokens_per_s": speed}
 
 
+def clip_round(session, clip, clock) -> dict:
+    """A clip turn's time to first token: its prefill and the eviction after it."""
+    timer = RoundTimer(session, clock)
+    session.append(clip)
+    return {"clip_ttft_s": timer.turn()}
+
+
+def load(shape: str | None, device: str):
+    """(model, tokenizer or None): SmolLM2's real weights, or a random model of `shape` in fp16."""
+    if shape is None:
+        model, tok = load_model(device=device)
+        return model, tok
+    return shapes.build(shape, device), None
+
+
+def stream(tok, model, length: int) -> torch.Tensor:
+    """The corpus as tokens for a real tokenizer; random ids for a random model (its speed is the same)."""
+    if tok is not None:
+        return token_stream(tok, length)
+    return torch.randint(0, model.config.vocab_size, (length,), generator=torch.Generator().manual_seed(0))
+
+
+class Memory:
+    """The GPU memory one state needs alone, though every state is held at once: the weights, its own K/V
+    and the peak its rounds allocate beyond what was allocated before them."""
+
+    def __init__(self, model, device):
+        self.cuda = torch.device(device).type == "cuda"
+        self.weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.working: dict = {}
+
+    def before(self, key) -> None:
+        if self.cuda:
+            shapes.sync("cuda")
+            torch.cuda.reset_peak_memory_stats()
+            self._base = torch.cuda.memory_allocated()
+
+    def after(self, key) -> None:
+        if self.cuda:
+            peak = torch.cuda.max_memory_allocated() - self._base
+            self.working[key] = max(self.working.get(key, 0), peak)
+
+    def stats(self, key, kv_bytes: int) -> dict:
+        if not self.cuda:
+            return {}
+        return {"gpu_mb": (self.weights + kv_bytes + self.working.get(key, 0)) / MB}
+
+
 def snapshot(session):
     """The session as it stands at this point of the stream, on the same weights: its own copy of the cache."""
     clone = copy.copy(session)
@@ -49,16 +106,30 @@ def snapshot(session):
     return clone
 
 
+def checkpoints_for(args, cuda: bool) -> list[int]:
+    if args.quick:
+        points = [1024, 4096]
+    else:
+        points = [2048, 8192, 32768, 131072] + ([1048576] if cuda else [])
+    return [c for c in points if c <= args.tokens] if args.tokens else points
+
+
 def run(args):
     torch.manual_seed(0)
-    model, tok = load_model()
+    device = args.device
+    cuda = torch.device(device).type == "cuda"
+    model, tok = load(args.shape, device)
     budget = 1024
-    checkpoints = [1024, 4096] if args.quick else [2048, 8192, 32768, 131072]
-    if args.tokens:
-        checkpoints = [c for c in checkpoints if c <= args.tokens]
+    checkpoints = checkpoints_for(args, cuda)
     rounds = 3 if args.quick else 9
-    ids = token_stream(tok, checkpoints[-1] + rounds * QUESTION + FEED)
+    ids = stream(tok, model, checkpoints[-1] + rounds * (QUESTION + CLIP) + FEED).to(device)
     limit = model.config.max_position_embeddings
+    memory = Memory(model, device)
+
+    def clock():  # the time after the GPU's queued work
+        shapes.sync(device)
+        return time.perf_counter()
+
     todo = plans(args.policies, [budget], checkpoints[-1], limit)
     states = []  # (policy, checkpoint, session state there, stream position)
     with tqdm(total=sum(p.length for p in todo), unit="tok", desc="latency: streaming") as bar:
@@ -70,27 +141,50 @@ def run(args):
             pos = 0
             for checkpoint in checkpoints:
                 if policy == "full":  # the last point inside its context
-                    checkpoint = clip_to_context(checkpoint, limit, reserve=rounds * (QUESTION + ANSWER))
+                    checkpoint = clip_to_context(checkpoint, limit, reserve=rounds * (QUESTION + ANSWER + CLIP))
                     if checkpoint <= pos:
                         break
-                while pos < checkpoint:
-                    step = min(FEED, checkpoint - pos)
-                    session.append(ids[pos:pos + step][None])
-                    pos += step
-                    bar.update(step)
+                try:
+                    while pos < checkpoint:
+                        step = min(FEED, checkpoint - pos)
+                        session.append(ids[pos:pos + step][None])
+                        pos += step
+                        bar.update(step)
+                except torch.OutOfMemoryError:  # the full cache on a GPU: its last state is the longest it holds
+                    tqdm.write(f"latency: {policy} ran out of device memory at {pos} tokens")
+                    break
                 states.append((policy, checkpoint, snapshot(session), pos))
     timings = {(policy, checkpoint): [] for policy, checkpoint, _, _ in states}
-    with tqdm(total=rounds * len(states), unit="round", desc="latency: rounds") as bar:
+    with tqdm(total=2 * rounds * len(states), unit="round", desc="latency: rounds") as bar:
         for r in range(rounds):  # round-robin: every state sees the machine at the same moments
             for policy, checkpoint, session, pos in states:
                 q = ids[pos + r * QUESTION: pos + (r + 1) * QUESTION][None]
-                timings[policy, checkpoint].append(one_round(session, q))
+                memory.before((policy, checkpoint))
+                timings[policy, checkpoint].append(one_round(session, q, clock))
+                memory.after((policy, checkpoint))
                 bar.update()
+        for r in range(rounds):  # then a clip turn on each, after its question rounds
+            for policy, checkpoint, session, pos in states:
+                start = pos + rounds * QUESTION + r * CLIP
+                memory.before((policy, checkpoint))
+                timings[policy, checkpoint][r] |= clip_round(session, ids[start:start + CLIP][None], clock)
+                memory.after((policy, checkpoint))
+                bar.update()
+    bw = shapes.bandwidth(device)
+    weights = shapes.weight_bytes_per_token(model)
     records = []
     for policy, checkpoint, session, _ in states:
         rows = timings[policy, checkpoint]
         stats = {key: median([row[key] for row in rows]) for key in rows[0]}
-        stats |= {"kv_tokens": session.kv_tokens, "kv_mb": session.kv_bytes / 2**20, "rss_mb": rss_mb()}
+        stats |= {"kv_tokens": session.kv_tokens, "kv_mb": session.kv_bytes / MB, "rss_mb": rss_mb()}
+        stats |= memory.stats((policy, checkpoint), session.kv_bytes)
+        stats["floor_ms_per_token"] = 1e3 * (weights + session.kv_bytes) / bw
+        stats["decode_vs_floor"] = stats["decode_ms_per_token"] / stats["floor_ms_per_token"]
         records += [record("latency", policy, budget, k, v, checkpoint) for k, v in stats.items()]
-    print_table(records, ["decode_ms_per_token", "ttft_s", "evict_share", "kv_mb", "rss_mb", "tokens_per_s"])
-    write(args.out, "latency", records, ["decode_ms_per_token", "ttft_s", "kv_mb", "evict_share"], log_x=True)
+    name = "latency" if args.shape is None else f"latency_{args.shape}"
+    print(f"{name}: {torch.cuda.get_device_name() if cuda else 'CPU'}, memory bandwidth {bw / 1e9:.0f} GB/s "
+          f"(a copy's bytes read + written), weights read per token {weights / MB:.0f} MB")
+    columns = ["decode_ms_per_token", "floor_ms_per_token", "ttft_s", "clip_ttft_s", "evict_share", "kv_mb"]
+    print_table(records, columns + (["gpu_mb"] if cuda else ["rss_mb"]) + ["tokens_per_s"])
+    write(args.out, name, records, ["decode_ms_per_token", "clip_ttft_s", "kv_mb" if not cuda else "gpu_mb",
+                                    "evict_share"], log_x=True)

@@ -60,8 +60,9 @@ def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> S
         top = torch.cat([top, top[:, -1:].expand(-1, recall.reps - top.shape[1])], dim=-1)
         picked = bare.gather(1, top[..., None].expand(-1, -1, bare.shape[-1]))
         summary.append(torch.cat([bare.mean(dim=1, keepdim=True), picked], dim=1))
-    return Span(span_id, length, torch.stack(summary).to(torch.float16), meta,
-                torch.stack(keys).clone(), torch.stack(values).clone())
+    # in host memory: a GPU's memory holds the bounded cache alone, however many turns are stored
+    return Span(span_id, length, torch.stack(summary).to("cpu", torch.float16), meta,
+                torch.stack(keys).to("cpu"), torch.stack(values).to("cpu"))
 
 
 # --- choosing spans ---------------------------------------------------------------------------------
@@ -83,8 +84,8 @@ def span_scores(question_keys: list[torch.Tensor], store: SpanStore, candidates:
     question's keys without RoPE, (Hkv, M, d)."""
     ids, summaries = store.summaries()
     rows = torch.tensor([ids.index(i) for i in candidates])
-    s = torch.nn.functional.normalize(summaries[rows].float(), dim=-1)  # (N, L, Hkv, R, d)
     q = torch.nn.functional.normalize(torch.stack(question_keys).float(), dim=-1)  # (L, Hkv, M, d)
+    s = torch.nn.functional.normalize(summaries[rows].to(q.device).float(), dim=-1)  # (N, L, Hkv, R, d)
     sim = torch.einsum("nlhrd,lhmd->nlhmr", s, q).amax(dim=-1)  # each question token's best span key
     if sim.shape[0] > 1:  # per question token over the spans: shared tokens cancel, distinctive ones count
         sim = (sim - sim.mean(dim=0)) / sim.std(dim=0).clamp_min(1e-4)
@@ -130,8 +131,10 @@ def link(cache, store: SpanStore, span_ids: list[int], at: str, recalled: bool =
     if not blocks:
         return []
     keys, values, tags, offset = [], [], [], 0
+    device = cache.layers[0].keys.device
     for span_id, (k, v) in blocks:  # (layers, H, k, d) each, keys at 0..k-1 → offset..offset+k-1
-        shift = torch.full((1, 1, k.shape[2]), offset, device=k.device)
+        k, v = k.to(device), v.to(device)  # stored in host memory
+        shift = torch.full((1, 1, k.shape[2]), offset, device=device)
         keys.append(cache.rotations.rotate(k, shift) if offset else k)
         values.append(v)
         tags.append(torch.full((k.shape[2],), -1 - span_id if recalled else span_id, dtype=torch.long))

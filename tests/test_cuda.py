@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from inf_mllm import StreamSession
+from inf_mllm.spec import Recall
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the Triton scoring path)")]
@@ -28,7 +29,7 @@ def random_small_llama():
     return model
 
 
-@pytest.mark.parametrize("policy", ["inf_mllm", "inf_mllm_plus", "h2o", "streaming_llm"])
+@pytest.mark.parametrize("policy", ["inf_mllm", "inf_mllm_plus", "h2o", "streaming_llm", "inf_mllm+prefixkv_budgets"])
 def test_random_small_llama_on_cuda_keeps_the_cpu_tokens_and_logits(policy):
     torch.backends.cuda.matmul.allow_tf32 = False  # compare fp32 with fp32
     cpu_model = random_small_llama()
@@ -43,3 +44,24 @@ def test_random_small_llama_on_cuda_keeps_the_cpu_tokens_and_logits(policy):
         assert (got.cpu() - want).abs().max() <= 2e-3, (policy, start)
     assert gpu.kv_tokens == cpu.kv_tokens <= 128
     assert gpu.cache.layers[2].keys.is_cuda and gpu.cache.layers[2].keys.shape == cpu.cache.layers[2].keys.shape
+
+
+def test_random_small_llama_recall_on_cuda_stores_turns_in_host_memory_and_links_them_back():
+    """The span store keeps evicted turns in host memory (the GPU holds the bounded cache alone); a linked
+    turn comes back to the GPU at the positions the CPU session gives it, with the same logits."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    sessions = {}
+    for device in ("cpu", "cuda"):
+        model = random_small_llama().to(device)
+        session = StreamSession(model, None, "inf_mllm", budget=128, window=16,
+                                recall=Recall(mode="oracle", layers=(1, 3)))
+        ids = torch.randint(0, 1000, (1, 400), generator=torch.Generator().manual_seed(1))
+        for turn, start in enumerate(range(0, 400, 50)):
+            session.append(ids[:, start:start + 50].to(device), meta={"turn": turn})
+        logits = session.append_question(ids[:, :8].to(device), oracle=lambda meta: meta["turn"] == 1)
+        sessions[device] = (session, logits)
+    (cpu, want), (gpu, got) = sessions["cpu"], sessions["cuda"]
+    assert all(span.keys.device.type == "cpu" for span in gpu.store.spans.values())
+    assert [i for i, _ in gpu.last_recalled] == [i for i, _ in cpu.last_recalled] == [1]
+    assert gpu.cache.layers[2].keys.is_cuda and gpu.kv_tokens == cpu.kv_tokens
+    assert (got.cpu() - want).abs().max() <= 2e-3

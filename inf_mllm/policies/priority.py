@@ -20,6 +20,7 @@ def search_retention(curves: list[torch.Tensor], target: int, steps: int = 60) -
     """Binary search for the retention ratio p so that the per-layer prefix sizes sum to the target
     (sum_l R_l N = r L N). Returns p and the counts; when no p hits the target exactly, the largest p
     found whose counts stay within it."""
+    curves = [c.cpu() for c in curves]  # sixty rounds of one search per layer: on the host, not a GPU sync each
     lo, hi = 0.0, 1.0
     best = priority_counts(curves, 0.0)
     for _ in range(steps):

@@ -25,12 +25,13 @@ from .families import clock, family_for
 
 class HFVideo(VideoAdapter):
     """`path`: a local checkpoint folder (config, safetensors, tokenizer, processor files). `frames`: frames
-    per clip (1 fps over a 4-s clip by default)."""
+    per clip (1 fps over a 4-s clip by default). `model`: the folder's model already in memory (the
+    benchmarks' randomly initialised 7B-sized one, whose weights are never written to disk)."""
 
     name = "hf"
 
     def __init__(self, path: str | Path | None = None, device: str = "cpu", frames: int = 4,
-                 dtype: torch.dtype | None = None):
+                 dtype: torch.dtype | None = None, model=None):
         if path is None:
             raise AssetError("--model hf needs a checkpoint folder or a hub id: --model hf PATH_OR_ID")
         folder = checkpoint_folder(str(path))
@@ -44,8 +45,10 @@ class HFVideo(VideoAdapter):
         self.family = family_for(config, folder)  # refuses what the cache cannot position
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(folder)
-            self.model = AutoModelForImageTextToText.from_pretrained(
-                folder, dtype=dtype or "auto", attn_implementation=ATTN_IMPLEMENTATION).to(device).eval()
+            if model is None:
+                model = AutoModelForImageTextToText.from_pretrained(
+                    folder, dtype=dtype or "auto", attn_implementation=ATTN_IMPLEMENTATION)
+            self.model = model.to(device).eval()
         except (OSError, ValueError, RuntimeError) as err:
             why = f"cannot load the model at {folder} ({type(err).__name__}): check the model files"
             raise AssetError(why) from err
