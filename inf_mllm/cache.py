@@ -122,7 +122,7 @@ class StreamingLayer(DynamicLayer):
         gather = idx.unsqueeze(-1).expand(b, h, -1, d)
         keys = self.keys.gather(2, gather)
         delta = torch.arange(idx.shape[-1], device=idx.device) + (start - self.start) - idx  # new - old position
-        self.keys = self.cache.rotations.rotate(keys, delta) if bool((delta != 0).any()) else keys
+        self.keys = self._moved(keys, delta, start)
         self.values = self.values.gather(2, gather)
         if "acc" in self.seen:
             self.seen["acc"] = self.seen["acc"].gather(-1, idx.expand(b, h, -1))
@@ -145,7 +145,7 @@ class StreamingLayer(DynamicLayer):
         pos = torch.arange(n, device=idx.device).expand(b, g, n).contiguous()
         bucket = torch.searchsorted(mids, pos)  # how many boundaries lie before each token: (B, g, n)
         delta = bucket + (start - self.start) - pos
-        keys = self.cache.rotations.rotate(self.keys, delta).float()
+        keys = self._moved(self.keys, delta, start).float()
         ones = torch.ones_like(bucket, dtype=torch.float32)
         count = torch.zeros(b, g, k, device=idx.device).scatter_add_(-1, bucket, ones)
         spread = bucket.expand(b, h, n)
@@ -164,8 +164,15 @@ class StreamingLayer(DynamicLayer):
         """Move every token by start - self.start positions (budgets that differ per layer)."""
         n = self.get_seq_length()
         delta = torch.full((1, 1, n), start - self.start, device=self.keys.device)
-        self.keys = self.cache.rotations.rotate(self.keys, delta)
+        self.keys = self._moved(self.keys, delta, start)
         self.start = start
+
+    def _moved(self, keys: torch.Tensor, delta: torch.Tensor, start: int) -> torch.Tensor:
+        """Keys re-rotated by `delta` as the layer's tokens move to sit from `start`. A token never moves right
+        by more than the start moved (only tokens before it drop out) nor left by more than the layer's length
+        plus what the start moved back, so the bounds come from the host's counts, without reading `delta`."""
+        reach = self.keys.shape[-2] + max(0, self.start - start)
+        return self.cache.rotations.rotate(keys, delta, reach, forward=start > self.start)
 
     def insert(self, at: int, keys: torch.Tensor, values: torch.Tensor, tags: torch.Tensor) -> None:
         """Link a stored block (B, H, m, d) whose keys sit at positions 0..m-1 in at index `at`; the
@@ -174,9 +181,10 @@ class StreamingLayer(DynamicLayer):
         rotate = self.cache.rotations.rotate
         head_k, tail_k = self.keys[:, :, :at], self.keys[:, :, at:]
         to = self.start + at
-        block = rotate(keys.to(self.keys), torch.full((1, 1, m), to, device=keys.device)) if to else keys
+        block = rotate(keys.to(self.keys), torch.full((1, 1, m), to, device=keys.device), to + 1, forward=True) \
+            if to else keys
         if tail_k.shape[2]:
-            tail_k = rotate(tail_k, torch.full((1, 1, tail_k.shape[2]), m, device=keys.device))
+            tail_k = rotate(tail_k, torch.full((1, 1, tail_k.shape[2]), m, device=keys.device), m + 1, forward=True)
         self.keys = torch.cat([head_k, block.to(self.keys.dtype), tail_k], dim=2)
         self.values = torch.cat([self.values[:, :, :at], values.to(self.values), self.values[:, :, at:]], dim=2)
         b, h = self.keys.shape[:2]

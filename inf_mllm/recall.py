@@ -44,7 +44,7 @@ def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> S
         n = layer.get_seq_length()
         first = layer.start + n - length
         k = layer.keys[0, :, n - length:]  # (H, L, d), at positions first..first+L-1
-        k = cache.rotations.rotate(k, torch.full((1, length), -first, device=k.device)) if first else k
+        k = cache.rotations.rotate(k, torch.full((1, length), -first, device=k.device), first + 1) if first else k
         keys.append(k)
         values.append(layer.values[0, :, n - length:])
         if i not in scoring:
@@ -135,7 +135,7 @@ def link(cache, store: SpanStore, span_ids: list[int], at: str, recalled: bool =
     for span_id, (k, v) in blocks:  # (layers, H, k, d) each, keys at 0..k-1 → offset..offset+k-1
         k, v = k.to(device), v.to(device)  # stored in host memory
         shift = torch.full((1, 1, k.shape[2]), offset, device=device)
-        keys.append(cache.rotations.rotate(k, shift) if offset else k)
+        keys.append(cache.rotations.rotate(k, shift, offset + 1, forward=True) if offset else k)
         values.append(v)
         tags.append(torch.full((k.shape[2],), -1 - span_id if recalled else span_id, dtype=torch.long))
         offset += k.shape[2]

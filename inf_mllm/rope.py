@@ -31,7 +31,11 @@ def rerotate(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) ->
 
 
 class RotationTable:
-    """cos/sin of every backward shift 0..size-1, grown on demand; `rotate` equals `rerotate`."""
+    """cos/sin of every backward shift 0..size-1, grown on demand; `rotate` equals `rerotate`.
+
+    Callers say how far and which way their shifts go (`reach`, `forward`): both follow from token counts
+    and start positions the cache keeps on the host, so no value is read back from the device, which on a
+    GPU would stall every re-rotation until the queued kernels finish."""
 
     def __init__(self, inv_freq: torch.Tensor):
         self.inv_freq = inv_freq.to(torch.float32)
@@ -43,13 +47,14 @@ class RotationTable:
         angles = shifts * self.inv_freq.to(device, torch.float64)
         self.cos, self.sin = angles.cos().float(), angles.sin().float()
 
-    def rotate(self, keys: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-        back = (-delta).clamp_min(0)
-        if bool((delta > 0).any()):
+    def rotate(self, keys: torch.Tensor, delta: torch.Tensor, reach: int, forward: bool = False) -> torch.Tensor:
+        """Rotate `keys` by `delta` positions, every shift in (-reach, 0] unless `forward` (some may be
+        positive: computed, not looked up)."""
+        if forward:
             return rerotate(keys, delta, self.inv_freq)
-        need = int(back.max()) + 1
-        if need > self.cos.shape[0] or self.cos.device != keys.device:
-            self._grow(need, keys.device)
+        if reach > self.cos.shape[0] or self.cos.device != keys.device:
+            self._grow(reach, keys.device)
+        back = (-delta).clamp_min(0)
         return _apply(keys, self.cos[back], self.sin[back])
 
 

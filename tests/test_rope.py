@@ -28,5 +28,36 @@ def test_rerotated_keys_equal_keys_computed_at_new_positions(smol):
     scale = float(at_new.abs().max())
     assert (moved - at_new).abs().max() <= 2e-4 * scale
     assert not torch.allclose(at_old, at_new, atol=1e-2)  # the check is not vacuous
-    table = RotationTable(inv_freq).rotate(at_old, new - old)
+    table = RotationTable(inv_freq).rotate(at_old, new - old, reach=int((old - new).max()) + 1)
     assert (table - at_new).abs().max() <= 2e-4 * scale
+
+
+def test_re_rotation_reads_nothing_back_from_the_device():
+    """Eviction's re-rotation (keep, merge, shift) runs on meta tensors, which hold no values: any read of a
+    value on the host (`.any()`, `.max()`, `int(...)`), a stall on a GPU, would raise here."""
+    from inf_mllm.cache import StreamingCache
+    from inf_mllm.policies import build
+    from inf_mllm.spec import as_spec
+
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64)
+    cache = StreamingCache(build(as_spec("inf_mllm")), [64], inv_freq, 1)
+    layer = cache.layers[0]
+    layer.keys = torch.empty(1, 2, 100, 64, device="meta")
+    layer.values = torch.empty(1, 2, 100, 64, device="meta")
+    layer.is_initialized = True
+    idx = torch.empty(1, 60, dtype=torch.long, device="meta")
+    layer.keep(idx, start=0)
+    layer.shift(4)  # forward (a layer of smaller budget starts later)
+    layer.merge(torch.empty(1, 40, dtype=torch.long, device="meta"), start=0)
+    assert layer.keys.shape == (1, 2, 40, 64) and layer.start == 0
+
+
+def test_table_and_computed_rotations_agree_both_ways():
+    torch.manual_seed(0)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64)
+    keys = torch.randn(1, 2, 50, 64)
+    back = -torch.randint(0, 3000, (1, 1, 50))
+    table = RotationTable(inv_freq)
+    assert torch.allclose(table.rotate(keys, back, reach=3000), rerotate(keys, back, inv_freq), atol=2e-4)
+    ahead = -back
+    assert torch.equal(table.rotate(keys, ahead, reach=3000, forward=True), rerotate(keys, ahead, inv_freq))
