@@ -59,10 +59,7 @@ def clip_round(session, clip, clock) -> dict:
 
 def load(shape: str | None, device: str):
     """(model, tokenizer or None): SmolLM2's real weights, or a random model of `shape` in fp16."""
-    if shape is None:
-        model, tok = load_model(device=device)
-        return model, tok
-    return shapes.build(shape, device), None
+    return load_model(device=device) if shape is None else (shapes.build(shape, device), None)
 
 
 def stream(tok, model, length: int) -> torch.Tensor:
@@ -81,7 +78,7 @@ class Memory:
         self.weights = sum(p.numel() * p.element_size() for p in model.parameters())
         self.working: dict = {}
 
-    def before(self, key) -> None:
+    def before(self) -> None:
         if self.cuda:
             shapes.sync("cuda")
             torch.cuda.reset_peak_memory_stats()
@@ -159,14 +156,14 @@ def run(args):
         for r in range(rounds):  # round-robin: every state sees the machine at the same moments
             for policy, checkpoint, session, pos in states:
                 q = ids[pos + r * QUESTION: pos + (r + 1) * QUESTION][None]
-                memory.before((policy, checkpoint))
+                memory.before()
                 timings[policy, checkpoint].append(one_round(session, q, clock))
                 memory.after((policy, checkpoint))
                 bar.update()
         for r in range(rounds):  # then a clip turn on each, after its question rounds
             for policy, checkpoint, session, pos in states:
                 start = pos + rounds * QUESTION + r * CLIP
-                memory.before((policy, checkpoint))
+                memory.before()
                 timings[policy, checkpoint][r] |= clip_round(session, ids[start:start + CLIP][None], clock)
                 memory.after((policy, checkpoint))
                 bar.update()
