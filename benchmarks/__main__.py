@@ -9,8 +9,8 @@ import argparse
 import importlib
 import sys
 
-NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends", "tiny_vlm",
-         "video_qa", "arena", "real_scenes", "perception", "natural")
+NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
+         "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural")
 
 
 def main(argv=None) -> int:

@@ -15,6 +15,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 from . import attention
 from .attention import use_observing_attention
 from .budget import KVShape, layer_budgets
+from .buffer import KVBuffer
 from .observers import WindowObserver
 from .policies import LayerView, Policy, Uniform, build
 from .rope import RotationTable, rope_inv_freq
@@ -34,6 +35,7 @@ class StreamingLayer(DynamicLayer):
     position ids and causal mask fit all layers (the attention function slices the mask per layer)."""
 
     def __init__(self, layer_idx: int, cache: "StreamingCache"):
+        self._k, self._v = KVBuffer(cache.static), KVBuffer(cache.static)  # before the base class sets keys
         super().__init__()
         self.layer_idx = layer_idx
         self.cache = cache
@@ -45,6 +47,10 @@ class StreamingLayer(DynamicLayer):
         self.turn_ids: torch.Tensor | None = None
         self._wants: list = []  # (observer, queries) for the forward under way
 
+    # K/V live in preallocated buffers (buffer.py); every `self.keys = ...` below writes into them
+    keys = property(lambda self: self._k.get(), lambda self, value: self._k.set(value))
+    values = property(lambda self: self._v.get(), lambda self, value: self._v.set(value))
+
     @property
     def window_scores(self) -> torch.Tensor | None:
         return self.seen.get("window")
@@ -52,7 +58,9 @@ class StreamingLayer(DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         if self.cache.probe_layers is not None and self.layer_idx >= self.cache.probe_layers:
             raise ProbeDone  # the probe has the keys it needs: the deeper layers need not run
-        keys, values = super().update(key_states, value_states, *args, **kwargs)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys, values = self._k.append(key_states), self._v.append(value_states)
         new = key_states.shape[-2]
         if not self.cache.is_decoding:
             self.prompt_len = new
@@ -215,8 +223,10 @@ class StreamingCache(Cache):
     Whether a forward is a prompt or a decode step is explicit per forward (`phase`, set by
     `decode_step()` around one decode forward), never a flag held while an answer is paused."""
 
-    def __init__(self, policy: Policy, budgets: list[int] | None, inv_freq: torch.Tensor, num_layers: int):
+    def __init__(self, policy: Policy, budgets: list[int] | None, inv_freq: torch.Tensor, num_layers: int,
+                 static: bool = True):
         super().__init__(layers=[])
+        self.static = static  # K/V in preallocated buffers written in place (False: transformers' torch.cat)
         self.layers = [StreamingLayer(i, self) for i in range(num_layers)]
         self.policy = policy
         self.budgets = budgets  # nominal per-layer budgets; the allocator splits their sum at each eviction
@@ -242,7 +252,7 @@ class StreamingCache(Cache):
 
     @classmethod
     def for_model(cls, model, policy: PolicySpec | Policy | str = "inf_mllm", budget=None, batch: int = 1,
-                  **options):
+                  static: bool = True, **options):
         """Build a cache for `model`; `budget` is tokens, bytes ("512MB") or a per-layer list."""
         if not isinstance(policy, Policy):
             policy = build(as_spec(policy, **options))
@@ -251,7 +261,7 @@ class StreamingCache(Cache):
         budgets = layer_budgets(budget, shape) if type(policy).name != "full" else None
         if policy.all_observers() or not isinstance(policy.allocator, Uniform):
             use_observing_attention(model)  # also slices the causal mask for layers of different lengths
-        return cls(policy, budgets, inv_freq, shape.num_layers)
+        return cls(policy, budgets, inv_freq, shape.num_layers, static)
 
     def enable_recall(self, model, window: int) -> None:
         """Track which turn each token came from and observe every turn's window (recall needs both)."""

@@ -39,14 +39,15 @@ class StreamSession:
     """`policy` is a `PolicySpec` (a policy string is parsed into one). With recall (`spec.recall`, or
     `recall` given here), turns go to a span store (`store`: a `SpanStore`, or a folder for one that
     survives a restart) and questions asked through `append_question` link back the stored turns they
-    need. `options` are the policy's options (window, bias, ...)."""
+    need. `static=False` keeps K/V as transformers' dynamic layers do (a comparison, see `buffer.py`).
+    `options` are the policy's options (window, bias, ...)."""
 
     def __init__(self, model, tokenizer=None, policy: PolicySpec | str = "inf_mllm", budget=None, batch: int = 1,
-                 recall: Recall | None = None, store: SpanStore | str | None = None, **options):
+                 recall: Recall | None = None, store: SpanStore | str | None = None, static: bool = True, **options):
         self.model, self.tokenizer = model, tokenizer
         spec = as_spec(policy, **options)
         self.recall = recall or spec.recall
-        self.cache = StreamingCache.for_model(model, spec, budget, batch=batch)
+        self.cache = StreamingCache.for_model(model, spec, budget, batch=batch, static=static)
         self.batch = batch
         self.seen = 0  # tokens streamed in so far, whatever was evicted
         self.turns = 0  # turns appended so far; a stored turn's span id is its turn number

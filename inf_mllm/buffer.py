@@ -1,0 +1,87 @@
+"""A layer's keys or values in a preallocated buffer, written in place (issue 23).
+
+transformers' `DynamicLayer` appends by `torch.cat`: every decode step copies the whole layer into a new
+tensor. A bounded cache has a known largest size (its budget plus the longest turn and answer), so its
+K/V can live in a buffer of that capacity, the cache being the first `n` rows: a decode step writes one
+row, an eviction writes the kept rows back to the front, and once the buffer has seen the longest turn
+and answer nothing is allocated again (`transformers.StaticLayer` is the model). Capacity grows in steps
+of `GRAIN` rows when a turn needs more; the full cache grows the same way.
+"""
+
+import torch
+
+GRAIN = 256
+
+
+class KVBuffer:
+    """`get()` is the cache (B, H, n, D), a view of the buffer; `set(t)` makes `t` the cache, copying it
+    into the buffer (a prefix of the buffer itself, as a rollback gives, only moves `n`); `append(t)` adds
+    rows after the last. `static=False` keeps the dynamic layer's behaviour (a new tensor each time), for
+    comparison in the same run."""
+
+    def __init__(self, static: bool = True):
+        self.static = static
+        self.buf: torch.Tensor | None = None
+        self.n = 0
+        self.empty: torch.Tensor | None = None  # what transformers' lazy initialisation sets before any row
+
+    def get(self) -> torch.Tensor | None:
+        if self.buf is None:
+            return self.empty
+        return self.buf[:, :, :self.n] if self.static else self.buf
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.buf is None else self.buf.shape[2]
+
+    def set(self, value: torch.Tensor | None) -> None:
+        if value is None or value.dim() != 4:
+            self.buf, self.n, self.empty = None, 0, value
+            return
+        if not self.static:
+            self.buf, self.n = value, value.shape[2]
+            return
+        if self._is_prefix(value):
+            self.n = value.shape[2]
+            return
+        if self.buf is not None and value.untyped_storage().data_ptr() == self.buf.untyped_storage().data_ptr():
+            value = value.clone()  # another view of the buffer: copied before the buffer is written over
+        n = value.shape[2]
+        if not self._fits(value, n):
+            self._reserve(value, n, keep=0)
+        self._write(0, value)
+        self.n = n
+
+    def append(self, new: torch.Tensor) -> torch.Tensor:
+        if not self.static:
+            self.set(new if self.buf is None else torch.cat([self.buf, new], dim=-2))
+            return self.get()
+        n = self.n + new.shape[2]
+        if not self._fits(new, n):
+            self._reserve(new, n, keep=self.n)
+        self._write(self.n, new)
+        self.n = n
+        return self.get()
+
+    def _is_prefix(self, value) -> bool:
+        b = self.buf
+        return (b is not None and value.data_ptr() == b.data_ptr() and value.stride() == b.stride()
+                and value.shape[:2] == b.shape[:2] and value.shape[3] == b.shape[3])
+
+    def _fits(self, like: torch.Tensor, n: int) -> bool:
+        b = self.buf
+        return (b is not None and n <= b.shape[2] and b.shape[:2] == like.shape[:2] and b.shape[3] == like.shape[3]
+                and b.dtype == like.dtype and b.device == like.device)
+
+    def _reserve(self, like: torch.Tensor, n: int, keep: int) -> None:
+        """A new buffer for at least n rows, shaped like `like`, with the first `keep` rows of the old one."""
+        b, h, _, d = like.shape
+        grown = like.new_empty((b, h, -(-n // GRAIN) * GRAIN, d))
+        if keep:
+            grown[:, :, :keep].copy_(self.buf[:, :, :keep])
+        self.buf = grown
+
+    def _write(self, at: int, rows: torch.Tensor) -> None:
+        # a buffer made under inference mode (every session's forward) can only be written there
+        with torch.inference_mode(torch.is_inference(self.buf)):
+            self.buf[:, :, at:at + rows.shape[2]].copy_(rows)

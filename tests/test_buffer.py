@@ -1,0 +1,62 @@
+"""K/V in preallocated buffers (inf_mllm/buffer.py): the same session as transformers' dynamic layers give,
+written in place, and a bounded cache that stops allocating once it has seen its longest turn and answer."""
+
+import pytest
+import torch
+
+from inf_mllm import StreamSession
+from inf_mllm.buffer import GRAIN, KVBuffer
+
+POLICIES = ["inf_mllm", "h2o", "inf_mllm+merge", "inf_mllm+vl_cache_budgets", "streaming_llm", "full"]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_buffers_give_the_dynamic_layers_logits_answers_and_kept_tokens(smol, policy):
+    model, tok = smol
+    ids = torch.randint(100, 20000, (1, 700), generator=torch.Generator().manual_seed(3))
+    budget = None if policy == "full" else 128
+    kwargs = {"window": 16} if policy.startswith("inf_mllm") else {}
+    static = StreamSession(model, tok, policy, budget=budget, **kwargs)
+    dynamic = StreamSession(model, tok, policy, budget=budget, static=False, **kwargs)
+    for start in range(0, 600, 100):
+        want, got = dynamic.append(ids[:, start:start + 100]), static.append(ids[:, start:start + 100])
+        assert (got - want).abs().max() <= 1e-4, start
+        answer = [int(t[0]) for t in dynamic.generate(6, eos_token_id=[])]
+        assert [int(t[0]) for t in static.generate(6, eos_token_id=[])] == answer
+    for mine, theirs in zip(static.cache.layers, dynamic.cache.layers, strict=True):
+        assert mine.keys.shape == theirs.keys.shape and torch.allclose(mine.keys, theirs.keys, atol=1e-4)
+    assert static.cache.layers[0]._k.static and not dynamic.cache.layers[0]._k.static
+
+
+def test_a_bounded_session_stops_allocating_after_its_longest_turn_and_answer(smol):
+    """60 turns of up to 96 tokens with answers of up to 24: the buffers never overflow (every write fits
+    or grows first) and, once the longest turn and answer have been seen, stay the same tensors."""
+    model, tok = smol
+    session = StreamSession(model, tok, "inf_mllm", budget=256, window=16)
+    gen = torch.Generator().manual_seed(0)
+    layer = session.cache.layers[3]
+    buffers = None
+    for turn in range(60):
+        length = 96 if turn in (5, 50) else int(torch.randint(8, 96, (1,), generator=gen))
+        session.append(torch.randint(100, 20000, (1, length), generator=gen))
+        list(session.generate(24 if turn in (5, 50) else 4, eos_token_id=[]))
+        assert layer.keys.shape[2] <= layer._k.capacity
+        if turn == 10:
+            buffers = (layer._k.buf, layer._v.buf)
+        if turn > 10:
+            assert layer._k.buf is buffers[0] and layer._v.buf is buffers[1], turn
+    assert layer._k.capacity == -(-(256 + 96 + 24) // GRAIN) * GRAIN  # budget + longest turn + longest answer
+
+
+def test_buffer_writes_in_place_and_takes_back_a_prefix_without_copying():
+    buf = KVBuffer()
+    buf.append(torch.ones(1, 2, 3, 4))
+    first = buf.buf
+    buf.append(torch.full((1, 2, 1, 4), 2.0))
+    assert buf.buf is first and buf.get().shape == (1, 2, 4, 4) and float(buf.get()[0, 0, 3, 0]) == 2.0
+    buf.set(buf.get()[:, :, :2])  # a rollback: the first rows, the same storage
+    assert buf.n == 2 and buf.buf is first
+    buf.set(buf.get()[:, :, 1:].flip(2))  # an overlapping view of itself: copied before it is written over
+    assert buf.n == 1 and float(buf.get()[0, 0, 0, 0]) == 1.0
+    buf.append(torch.zeros(1, 2, GRAIN, 4))  # past the capacity: grows, keeping the rows
+    assert buf.capacity == 2 * GRAIN and float(buf.get()[0, 0, 0, 0]) == 1.0 and buf.n == GRAIN + 1
