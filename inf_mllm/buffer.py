@@ -63,6 +63,13 @@ class KVBuffer:
         self.n = n
         return self.get()
 
+    def fit(self) -> None:
+        """Give back the capacity beyond the cache's rows (rounded up to GRAIN): after a budget is tightened."""
+        if self.static and self.buf is not None and self.capacity > -(-max(self.n, 1) // GRAIN) * GRAIN:
+            rows = self.get().clone()
+            self.buf = None
+            self.set(rows)
+
     def _is_prefix(self, value) -> bool:
         b = self.buf
         return (b is not None and value.data_ptr() == b.data_ptr() and value.stride() == b.stride()

@@ -329,6 +329,8 @@ class StreamingCache(Cache):
         self.budgets = list(budgets)
         fresh = all(layer.has_scores(self.policy) for layer in self.layers if layer.is_initialized)
         self.evict(None if fresh else build(PolicySpec("streaming_llm")))
+        for layer in self.layers:  # the memory the larger budget had reserved goes back
+            layer._k.fit(), layer._v.fit()
 
     def step(self) -> None:
         """After a decode step: policies that evict while decoding (H2O, Elastic's fixed-point

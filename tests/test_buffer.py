@@ -60,3 +60,17 @@ def test_buffer_writes_in_place_and_takes_back_a_prefix_without_copying():
     assert buf.n == 1 and float(buf.get()[0, 0, 0, 0]) == 1.0
     buf.append(torch.zeros(1, 2, GRAIN, 4))  # past the capacity: grows, keeping the rows
     assert buf.capacity == 2 * GRAIN and float(buf.get()[0, 0, 0, 0]) == 1.0 and buf.n == GRAIN + 1
+
+
+def test_a_tightened_budget_gives_its_reserved_memory_back(smol):
+    """An out-of-memory retry shrinks the budget: the buffers shrink with it, not only the cache's rows."""
+    model, tok = smol
+    session = StreamSession(model, tok, "inf_mllm", budget=1024, window=16)
+    session.append(torch.randint(100, 20000, (1, 1200), generator=torch.Generator().manual_seed(0)))
+    layer = session.cache.layers[2]
+    assert layer._k.capacity >= 1200
+    newest = layer.values[:, :, -10:].clone()  # the newest tokens stay (values are not re-rotated)
+    session.cache.shrink([200] * len(session.cache.layers))
+    assert layer.keys.shape[2] == layer.values.shape[2] <= 200
+    assert layer._k.capacity == layer._v.capacity == GRAIN
+    assert torch.equal(layer.values[:, :, -10:], newest)
