@@ -75,7 +75,7 @@ class Memory:
 
     def __init__(self, model, device):
         self.cuda = torch.device(device).type == "cuda"
-        self.weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        self.weights = shapes.weight_bytes(model)
         self.working: dict = {}
 
     def before(self) -> None:

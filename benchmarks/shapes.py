@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, LlamaConfig
 
 from inf_mllm.attention import ATTN_IMPLEMENTATION
+from inf_mllm.budget import KVShape
 
 LLAMA_2_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
                   num_key_value_heads=32, vocab_size=32000, rms_norm_eps=1e-5)
@@ -34,12 +35,15 @@ def build(shape: str, device: str = "cpu", dtype: torch.dtype = torch.float16):
         return AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
 
 
+def weight_bytes(model) -> int:
+    return sum(p.nbytes for p in model.parameters())
+
+
 def weight_bytes_per_token(model) -> int:
     """Bytes of weights one decode step reads: all of them but the input embedding table, of which it
     reads one row (unless that table is also the output head)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
-    return total if emb is head else total - emb.numel() * emb.element_size()  # tied: one Parameter
+    return weight_bytes(model) - (0 if emb is head else emb.nbytes)  # tied: one Parameter
 
 
 def bandwidth(device, size: int = 2**30, repeats: int = 10) -> float:
@@ -90,6 +94,6 @@ def llava_onevision_7b(folder, device: str = "cpu", dtype: torch.dtype = torch.b
 
 
 def kv_bytes_per_token(model) -> int:
-    c = model.config
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    return 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * model.dtype.itemsize
+    """K and V of one token in every layer (the cache's own `KVShape`)."""
+    shape = KVShape.from_config(model.config, model.dtype.itemsize)
+    return shape.bytes_per_token_layer * shape.num_layers

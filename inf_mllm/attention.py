@@ -67,9 +67,9 @@ def _observing_sdpa(module, query, key, value, attention_mask, **kwargs):
     cache = layer.cache
     if query.is_cuda:
         out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-        t0 = _clock(cache, query)
+        t0 = measured_clock(cache, query.device)
         layer.observe_scores(window_scores(query[:, :, -l:], key, scaling), l, query[:, :, -l:], key, scaling)
-        cache.score_s += _clock(cache, query) - t0
+        cache.score_s += measured_clock(cache, query.device) - t0
         return out
     b, _, q_len, _ = query.shape
     # transformers' mask matters in the window only for padding (causality is built in there); the
@@ -96,9 +96,11 @@ def _observing_sdpa(module, query, key, value, attention_mask, **kwargs):
     return torch.cat([head_out, win_out.to(head_out.dtype)], dim=1), None
 
 
-def _clock(cache, tensor) -> float:
-    if cache.measure_overhead:
-        torch.cuda.synchronize(tensor.device)
+def measured_clock(cache, device) -> float:
+    """The time, after the GPU's queued work when a benchmark measures (`cache.measure_overhead`): CUDA runs
+    asynchronously, and without a sync one step's kernels would be timed as the next step."""
+    if cache.measure_overhead and device.type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter()
 
 

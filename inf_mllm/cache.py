@@ -18,7 +18,7 @@ from .budget import KVShape, layer_budgets
 from .buffer import KVBuffer
 from .observers import WindowObserver
 from .policies import LayerView, Policy, Uniform, build
-from .rope import RotationTable, rope_inv_freq
+from .rope import RotationTable, rerotate, rope_inv_freq
 from .scoring import window_scores
 from .spec import PolicySpec, as_spec
 
@@ -175,6 +175,11 @@ class StreamingLayer(DynamicLayer):
         self.keys = self._moved(self.keys, delta, start)
         self.start = start
 
+    def fit(self) -> None:
+        """Give back the buffer capacity a larger budget had reserved."""
+        self._k.fit()
+        self._v.fit()
+
     def _moved(self, keys: torch.Tensor, delta: torch.Tensor, start: int) -> torch.Tensor:
         """Keys re-rotated by `delta` as the layer's tokens move to sit from `start`. A token never moves right
         by more than the start moved (only tokens before it drop out) nor left by more than the layer's length
@@ -186,13 +191,12 @@ class StreamingLayer(DynamicLayer):
         """Link a stored block (B, H, m, d) whose keys sit at positions 0..m-1 in at index `at`; the
         tokens after it move right by m (keys re-rotated), so positions stay contiguous."""
         m = keys.shape[2]
-        rotate = self.cache.rotations.rotate
+        inv_freq = self.cache.inv_freq
         head_k, tail_k = self.keys[:, :, :at], self.keys[:, :, at:]
         to = self.start + at
-        block = rotate(keys.to(self.keys), torch.full((1, 1, m), to, device=keys.device), to + 1, forward=True) \
-            if to else keys
+        block = rerotate(keys.to(self.keys), torch.full((1, 1, m), to, device=keys.device), inv_freq) if to else keys
         if tail_k.shape[2]:
-            tail_k = rotate(tail_k, torch.full((1, 1, tail_k.shape[2]), m, device=keys.device), m + 1, forward=True)
+            tail_k = rerotate(tail_k, torch.full((1, 1, tail_k.shape[2]), m, device=keys.device), inv_freq)
         self.keys = torch.cat([head_k, block.to(self.keys.dtype), tail_k], dim=2)
         self.values = torch.cat([self.values[:, :, :at], values.to(self.values), self.values[:, :, at:]], dim=2)
         b, h = self.keys.shape[:2]
@@ -329,8 +333,8 @@ class StreamingCache(Cache):
         self.budgets = list(budgets)
         fresh = all(layer.has_scores(self.policy) for layer in self.layers if layer.is_initialized)
         self.evict(None if fresh else build(PolicySpec("streaming_llm")))
-        for layer in self.layers:  # the memory the larger budget had reserved goes back
-            layer._k.fit(), layer._v.fit()
+        for layer in self.layers:
+            layer.fit()
 
     def step(self) -> None:
         """After a decode step: policies that evict while decoding (H2O, Elastic's fixed-point

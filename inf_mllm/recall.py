@@ -135,7 +135,7 @@ def link(cache, store: SpanStore, span_ids: list[int], at: str, recalled: bool =
     for span_id, (k, v) in blocks:  # (layers, H, k, d) each, keys at 0..k-1 → offset..offset+k-1
         k, v = k.to(device), v.to(device)  # stored in host memory
         shift = torch.full((1, 1, k.shape[2]), offset, device=device)
-        keys.append(cache.rotations.rotate(k, shift, offset + 1, forward=True) if offset else k)
+        keys.append(rerotate(k, shift, cache.inv_freq) if offset else k)
         values.append(v)
         tags.append(torch.full((k.shape[2],), -1 - span_id if recalled else span_id, dtype=torch.long))
         offset += k.shape[2]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import recall as recall_
+from .attention import measured_clock
 from .cache import ProbeDone, StreamingCache
 from .rope import rerotate
 from .spec import PolicySpec, Recall, as_spec
@@ -136,11 +137,7 @@ class StreamSession:
         return out.logits
 
     def _clock(self) -> float:
-        """The time, after the GPU's queued work when a benchmark measures (`cache.measure_overhead`): CUDA runs
-        asynchronously, and without a sync a prefill's kernels would be timed as the eviction after it."""
-        if self.cache.measure_overhead and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        return measured_clock(self.cache, self.device)  # a prefill's kernels are not timed as the eviction after it
 
     def _with_pending(self, input_ids, inputs_embeds):
         """The turn with the held-back last answer token in front of it."""
