@@ -18,7 +18,8 @@ from .budget import KVShape, layer_budgets
 from .buffer import KVBuffer
 from .observers import WindowObserver
 from .policies import LayerView, Policy, Uniform, build
-from .rope import RotationTable, rerotate, rope_inv_freq
+from .positions import compact
+from .rope import RotationTable, multimodal_rope, rerotate, rope_inv_freq
 from .scoring import window_scores
 from .spec import PolicySpec, as_spec
 
@@ -32,7 +33,10 @@ class StreamingLayer(DynamicLayer):
 
     Its tokens sit at contiguous positions start..start+len-1; `start` is 0 unless budgets differ per
     layer, where every layer ends at the same position (the cache's `get_seq_length`), so the model's
-    position ids and causal mask fit all layers (the attention function slices the mask per layer)."""
+    position ids and causal mask fit all layers (the attention function slices the mask per layer).
+
+    Under multimodal RoPE (`cache.multimodal`) `start` only aligns storage: the layer also keeps each token's
+    unit base (`base`, (B, 1 or H, n)) and the next position (`end`, the same in every layer); see positions.py."""
 
     def __init__(self, layer_idx: int, cache: "StreamingCache"):
         self._k, self._v = KVBuffer(cache.static), KVBuffer(cache.static)  # before the base class sets keys
@@ -45,6 +49,8 @@ class StreamingLayer(DynamicLayer):
         self.seen: dict[str, torch.Tensor] = {}  # observer key -> statistic (see observers.py)
         # which turn each cached token came from, (B, H, n); linked (recalled) tokens carry -1 - span id
         self.turn_ids: torch.Tensor | None = None
+        self.base: torch.Tensor | None = None  # multimodal RoPE: each token's unit base
+        self.end = 0  # multimodal RoPE: the position the next token takes
         self._wants: list = []  # (observer, queries) for the forward under way
 
     # K/V live in preallocated buffers (buffer.py); every `self.keys = ...` below writes into them
@@ -67,12 +73,25 @@ class StreamingLayer(DynamicLayer):
         if self.cache.track_turns:
             tag = torch.full((*keys.shape[:2], new), self.cache.turn, dtype=torch.long, device=keys.device)
             self.turn_ids = tag if self.turn_ids is None else torch.cat([self.turn_ids, tag], dim=-1)
+        if self.cache.multimodal:
+            self._place(new, keys.device)
         for obs in self.cache.observers:
             obs.grow(self, new)
         # announce even when nothing is observed: a layer of another cache left announced (a forward that
         # never reached attention) must not be taken for this one
         attention.announce(self if self.cache.observers else None)
         return keys, values
+
+    def _place(self, new: int, device) -> None:
+        """The new tokens' unit bases and the next position, as the forward's caller announced them."""
+        incoming = self.cache.incoming
+        if incoming is None or incoming[0].shape[-1] != new:
+            raise ValueError("a multimodal-RoPE forward needs its positions: pass the turn's position ids "
+                             "through StreamSession (positions=)")
+        base, self.end = incoming[0].to(device), incoming[1]
+        rows = 1 if self.base is None else self.base.shape[1]
+        base = base.expand(self._k.get().shape[0], rows, new)
+        self.base = base if self.base is None else torch.cat([self.base, base], dim=-1)
 
     def window_len(self, q_len: int) -> int:
         """How many of this forward's last queries the observers want scored (0: none)."""
@@ -106,22 +125,24 @@ class StreamingLayer(DynamicLayer):
                 return False
         return True
 
-    def apply(self, idx: torch.Tensor | None, reducer: str, start: int) -> None:
-        """Reduce to the sorted indices idx (None: keep all), then sit at positions start..start+K-1."""
+    def apply(self, idx: torch.Tensor | None, reducer: str, start: int, end: int | None = None) -> None:
+        """Reduce to the sorted indices idx (None: keep all), then sit at positions start..start+K-1 (under
+        multimodal RoPE: stored from `start`, the kept units closing up to end at `end`)."""
         if idx is None:
-            if start != self.start:
-                self.shift(start)
+            if start != self.start or (end is not None and end != self.end):
+                self.shift(start, end)
             return
         if reducer == "merge":
-            self.merge(idx, start)
+            self.merge(idx, start, end)
         else:
-            self.keep(idx, start)
+            self.keep(idx, start, end)
         for key in ("window", "post", "sparsity"):  # prompt statistics are spent by an eviction
             self.seen.pop(key, None)
 
-    def keep(self, idx: torch.Tensor, start: int | None = None) -> None:
+    def keep(self, idx: torch.Tensor, start: int | None = None, end: int | None = None) -> None:
         """Keep the tokens at sorted indices idx, (B, K) or (B, H, K), re-rotated to positions start..start+K-1
-        (start: unchanged by default)."""
+        (start: unchanged by default; multimodal RoPE: units closed up to end at `end`, by default where they
+        end when they close up towards the first one)."""
         start = self.start if start is None else start
         b, h, _, d = self.keys.shape
         idx = idx.to(self.keys.device)
@@ -129,8 +150,12 @@ class StreamingLayer(DynamicLayer):
         idx = idx[:, None, :] if idx.dim() == 2 else idx
         gather = idx.unsqueeze(-1).expand(b, h, -1, d)
         keys = self.keys.gather(2, gather)
-        delta = torch.arange(idx.shape[-1], device=idx.device) + (start - self.start) - idx  # new - old position
-        self.keys = self._moved(keys, delta, start)
+        if self.base is not None:
+            old, new = self._closed_up(idx, end)
+            self.keys = rerotate(keys, new - old, self.cache.inv_freq)
+        else:
+            delta = torch.arange(idx.shape[-1], device=idx.device) + (start - self.start) - idx  # new - old position
+            self.keys = self._moved(keys, delta, start)
         self.values = self.values.gather(2, gather)
         if "acc" in self.seen:
             self.seen["acc"] = self.seen["acc"].gather(-1, idx.expand(b, h, -1))
@@ -138,7 +163,24 @@ class StreamingLayer(DynamicLayer):
             self.turn_ids = self.turn_ids.gather(-1, idx.expand(b, h, -1))
         self.start = start
 
-    def merge(self, idx: torch.Tensor, start: int) -> None:
+    def _closed_up(self, idx: torch.Tensor, end: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Multimodal RoPE: the kept tokens' (old, new) unit bases, their units closed up to end at `end`
+        (None: each row's first kept unit stays where it is, the rows ending together); sets base and end."""
+        old, new, total = compact(self.base, self.end, idx)
+        if end is None:
+            end = int((old[..., 0] + total).max())
+        new = new + (end - total)[..., None]
+        self.base, self.end = new, end
+        return old, new
+
+    def extent(self, idx: torch.Tensor | None) -> int:
+        """Multimodal RoPE: the positions this layer's tokens (those at idx, if given) take when closed up."""
+        if idx is None:
+            return self.end - int(self.base[..., 0].min())
+        idx = idx.to(self.base.device)
+        return int(compact(self.base, self.end, idx[:, None, :] if idx.dim() == 2 else idx)[2].max())
+
+    def merge(self, idx: torch.Tensor, start: int, end: int | None = None) -> None:
         """Elastic Cache's merging (its Eq. 2-3): the kept indices are anchors; every token joins the bucket
         of its nearest anchor (boundaries at the floor of the midpoints between neighbouring anchors) and
         each bucket's K and V become the means of its members. Keys are cached after RoPE, so each member
@@ -152,8 +194,15 @@ class StreamingLayer(DynamicLayer):
         mids = torch.div(idx[..., :-1] + idx[..., 1:], 2, rounding_mode="floor").contiguous()
         pos = torch.arange(n, device=idx.device).expand(b, g, n).contiguous()
         bucket = torch.searchsorted(mids, pos)  # how many boundaries lie before each token: (B, g, n)
-        delta = bucket + (start - self.start) - pos
-        keys = self._moved(self.keys, delta, start).float()
+        if self.base is not None:  # each member moves as its anchor's unit does
+            base = self.base
+            _, new = self._closed_up(idx, end)
+            rows = new.shape[1]
+            moved = new.gather(-1, bucket.expand(b, rows, n)) - base.expand(b, rows, n)
+            keys = rerotate(self.keys, moved, self.cache.inv_freq).float()
+        else:
+            delta = bucket + (start - self.start) - pos
+            keys = self._moved(self.keys, delta, start).float()
         ones = torch.ones_like(bucket, dtype=torch.float32)
         count = torch.zeros(b, g, k, device=idx.device).scatter_add_(-1, bucket, ones)
         spread = bucket.expand(b, h, n)
@@ -168,11 +217,18 @@ class StreamingLayer(DynamicLayer):
             self.turn_ids = self.turn_ids.gather(-1, idx.expand(b, h, -1))
         self.start = start
 
-    def shift(self, start: int) -> None:
-        """Move every token by start - self.start positions (budgets that differ per layer)."""
+    def shift(self, start: int, end: int | None = None) -> None:
+        """Move every token by start - self.start positions (budgets that differ per layer); under multimodal
+        RoPE, stored from `start` and moved by end - self.end positions."""
         n = self.get_seq_length()
-        delta = torch.full((1, 1, n), start - self.start, device=self.keys.device)
-        self.keys = self._moved(self.keys, delta, start)
+        if self.base is not None:
+            if end is not None and end != self.end:
+                self.keys = rerotate(self.keys, torch.full((1, 1, n), end - self.end, device=self.keys.device),
+                                     self.cache.inv_freq)
+                self.base, self.end = self.base + (end - self.end), end
+        else:
+            delta = torch.full((1, 1, n), start - self.start, device=self.keys.device)
+            self.keys = self._moved(self.keys, delta, start)
         self.start = start
 
     def fit(self) -> None:
@@ -187,16 +243,24 @@ class StreamingLayer(DynamicLayer):
         reach = self.keys.shape[-2] + max(0, self.start - start)
         return self.cache.rotations.rotate(keys, delta, reach, forward=start > self.start)
 
-    def insert(self, at: int, keys: torch.Tensor, values: torch.Tensor, tags: torch.Tensor) -> None:
+    def insert(self, at: int, keys: torch.Tensor, values: torch.Tensor, tags: torch.Tensor,
+               bases: torch.Tensor | None = None) -> None:
         """Link a stored block (B, H, m, d) whose keys sit at positions 0..m-1 in at index `at`; the
-        tokens after it move right by m (keys re-rotated), so positions stay contiguous."""
+        tokens after it move right by m (keys re-rotated), so positions stay contiguous. Under multimodal
+        RoPE, `bases` (m + 1,) holds the block's unit bases from 0 and then its extent, which the block's
+        keys move to and the tokens after it move by."""
         m = keys.shape[2]
         inv_freq = self.cache.inv_freq
         head_k, tail_k = self.keys[:, :, :at], self.keys[:, :, at:]
-        to = self.start + at
-        block = rerotate(keys.to(self.keys), torch.full((1, 1, m), to, device=keys.device), inv_freq) if to else keys
+        if self.base is not None:
+            to, shift = self._open(at, bases.to(self.base.device))
+            block = rerotate(keys.to(self.keys), to, inv_freq)
+        else:
+            to, shift = self.start + at, m
+            block = keys if not to else rerotate(keys.to(self.keys), torch.full((1, 1, m), to, device=keys.device),
+                                                 inv_freq)
         if tail_k.shape[2]:
-            tail_k = rerotate(tail_k, torch.full((1, 1, tail_k.shape[2]), m, device=keys.device), inv_freq)
+            tail_k = rerotate(tail_k, torch.full((1, 1, tail_k.shape[2]), shift, device=keys.device), inv_freq)
         self.keys = torch.cat([head_k, block.to(self.keys.dtype), tail_k], dim=2)
         self.values = torch.cat([self.values[:, :, :at], values.to(self.values), self.values[:, :, at:]], dim=2)
         b, h = self.keys.shape[:2]
@@ -208,17 +272,39 @@ class StreamingLayer(DynamicLayer):
             zeros = torch.zeros((b, h, m), dtype=acc.dtype, device=acc.device)
             self.seen["acc"] = torch.cat([acc[..., :at], zeros, acc[..., at:]], dim=-1)
 
+    def _open(self, at: int, bases: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Multimodal RoPE: room for a block of unit bases `bases` (its extent last) at index `at`, which must
+        begin a unit in every row; returns where the block's first unit sits, (B, rows, 1), and its extent."""
+        n, extent = self.base.shape[-1], int(bases[-1])
+        if 0 < at < n and bool((self.base[..., at] == self.base[..., at - 1]).any()):
+            raise ValueError(f"cannot link a span at index {at}: it falls inside a vision block")
+        rows = self.base.shape[:2]
+        to = self.base[..., at:at + 1] if at < n else self.base.new_full((*rows, 1), self.end)
+        self.base = torch.cat([self.base[..., :at], to + bases[:-1], self.base[..., at:] + extent], dim=-1)
+        self.end += extent
+        return to, extent
+
     def mark(self) -> tuple:
         """What `rollback` needs to undo the forwards that follow (a probe, or a turn that failed)."""
         seen = {k: v.clone() if k == "acc" else v for k, v in self.seen.items()}
-        return self.get_seq_length(), self.prompt_len, seen, self.start
+        return self.get_seq_length(), self.prompt_len, seen, self.start, self.end
 
     def rollback(self, mark: tuple) -> None:
-        n, self.prompt_len, self.seen, self.start = mark
+        n, self.prompt_len, self.seen, self.start, self.end = mark
         if self.is_initialized:
             self.keys, self.values = self.keys[:, :, :n], self.values[:, :, :n]
         if self.turn_ids is not None:
             self.turn_ids = self.turn_ids[..., :n]
+        if self.base is not None:
+            self.base = self.base[..., :n] if n else None
+
+    def positions(self, first: int) -> torch.Tensor:
+        """The positions of the tokens from index `first` on, (rows, L): for the text tokens they are
+        meant for (a question's keys), a token's unit base is its position."""
+        if self.base is not None:
+            return self.base[0, :, first:]
+        n = self.get_seq_length()
+        return (self.start + torch.arange(first, n, device=self.keys.device))[None]
 
 
 class StreamingCache(Cache):
@@ -228,9 +314,13 @@ class StreamingCache(Cache):
     `decode_step()` around one decode forward), never a flag held while an answer is paused."""
 
     def __init__(self, policy: Policy, budgets: list[int] | None, inv_freq: torch.Tensor, num_layers: int,
-                 static: bool = True):
+                 static: bool = True, multimodal: bool = False):
         super().__init__(layers=[])
         self.static = static  # K/V in preallocated buffers written in place (False: transformers' torch.cat)
+        # multimodal RoPE (positions.py): each forward's caller announces its tokens' unit bases and the
+        # position after them (`incoming`); layers keep them
+        self.multimodal = multimodal
+        self.incoming: tuple[torch.Tensor, int] | None = None
         self.layers = [StreamingLayer(i, self) for i in range(num_layers)]
         self.policy = policy
         self.budgets = budgets  # nominal per-layer budgets; the allocator splits their sum at each eviction
@@ -265,7 +355,7 @@ class StreamingCache(Cache):
         budgets = layer_budgets(budget, shape) if type(policy).name != "full" else None
         if policy.all_observers() or not isinstance(policy.allocator, Uniform):
             use_observing_attention(model)  # also slices the causal mask for layers of different lengths
-        return cls(policy, budgets, inv_freq, shape.num_layers, static)
+        return cls(policy, budgets, inv_freq, shape.num_layers, static, multimodal_rope(model))
 
     def enable_recall(self, model, window: int) -> None:
         """Track which turn each token came from and observe every turn's window (recall needs both)."""
@@ -300,6 +390,11 @@ class StreamingCache(Cache):
         if layer is None or not layer.is_initialized:
             return 0
         return layer.start + layer.get_seq_length()
+
+    @property
+    def rope_end(self) -> int:
+        """Multimodal RoPE: the position the next token takes (get_seq_length counts stored tokens there)."""
+        return self.layers[0].end if self.layers else 0
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
@@ -353,8 +448,11 @@ class StreamingCache(Cache):
             return
         kept = [view.n if plan is None else plan.shape[-1] for plan, view in zip(plans, views, strict=True)]
         end = max(kept)
+        # multimodal RoPE: every layer's units close up to end where the longest layer's do
+        rope_end = max(layer.extent(plan) for layer, plan in zip(self.layers, plans, strict=True)) \
+            if self.multimodal else None
         for layer, plan, k in zip(self.layers, plans, kept, strict=True):
-            layer.apply(plan, reducer, end - k)
+            layer.apply(plan, reducer, end - k, rope_end)
 
     @property
     def layer_budgets(self) -> list[int] | None:

@@ -38,18 +38,24 @@ def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> S
     """The last `length` tokens of every layer as a span: keys de-rotated to 0..length-1, and, in the
     scoring layers, a summary of the mean key plus `reps` keys the turn's own window attended to most
     (all of them for a short turn), per KV head, without RoPE."""
-    keys, values, summary = [], [], []
+    keys, values, summary, bases = [], [], [], None
     scoring = set(scoring_layers(recall, len(cache.layers)))
     for i, layer in enumerate(cache.layers):
         n = layer.get_seq_length()
         first = layer.start + n - length
+        own = torch.arange(length)
+        if layer.base is not None:  # multimodal RoPE: the turn's units from 0, then its extent
+            turn = layer.base[0, 0, n - length:].cpu()
+            first = int(turn[0])
+            own = turn - first
+            bases = torch.cat([own, torch.tensor([layer.end - first])])
         k = layer.keys[0, :, n - length:]  # (H, L, d), at positions first..first+L-1
         k = cache.rotations.rotate(k, torch.full((1, length), -first, device=k.device), first + 1) if first else k
         keys.append(k)
         values.append(layer.values[0, :, n - length:])
         if i not in scoring:
             continue
-        bare = rerotate(k, -torch.arange(length, device=k.device), cache.inv_freq)  # no RoPE at all
+        bare = rerotate(k, -own.to(k.device), cache.inv_freq)  # no RoPE (a vision token keeps its offsets in its unit)
         h = k.shape[0]
         scores = layer.window_scores
         if scores is not None and scores.shape[-1] == n:
@@ -62,7 +68,7 @@ def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> S
         summary.append(torch.cat([bare.mean(dim=1, keepdim=True), picked], dim=1))
     # in host memory: a GPU's memory holds the bounded cache alone, however many turns are stored
     return Span(span_id, length, torch.stack(summary).to("cpu", torch.float16), meta,
-                torch.stack(keys).to("cpu"), torch.stack(values).to("cpu"))
+                torch.stack(keys).to("cpu"), torch.stack(values).to("cpu"), bases)
 
 
 # --- choosing spans ---------------------------------------------------------------------------------
@@ -130,7 +136,7 @@ def link(cache, store: SpanStore, span_ids: list[int], at: str, recalled: bool =
     blocks = [(i, kv) for i, kv in blocks if kv is not None]  # a corrupt file drops its span
     if not blocks:
         return []
-    keys, values, tags, offset = [], [], [], 0
+    keys, values, tags, bases, offset = [], [], [], [], 0
     device = cache.layers[0].keys.device
     for span_id, (k, v) in blocks:  # (layers, H, k, d) each, keys at 0..k-1 → offset..offset+k-1
         k, v = k.to(device), v.to(device)  # stored in host memory
@@ -138,12 +144,16 @@ def link(cache, store: SpanStore, span_ids: list[int], at: str, recalled: bool =
         keys.append(rerotate(k, shift, cache.inv_freq) if offset else k)
         values.append(v)
         tags.append(torch.full((k.shape[2],), -1 - span_id if recalled else span_id, dtype=torch.long))
-        offset += k.shape[2]
+        own = store.spans[span_id].bases  # multimodal RoPE: its units from 0, then its extent
+        own = torch.arange(k.shape[2] + 1) if own is None else own
+        bases.append(own[:-1] + offset)
+        offset += int(own[-1])
     keys, values, tag = torch.cat(keys, dim=2), torch.cat(values, dim=2), torch.cat(tags)
+    bases = torch.cat([*bases, torch.tensor([offset])])
     for i, layer in enumerate(cache.layers):
         n = layer.get_seq_length()
         pos = n if at == "end" else min(4, n)
-        layer.insert(pos, keys[i][None], values[i][None], tag)
+        layer.insert(pos, keys[i][None], values[i][None], tag, bases)
     return [i for i, _ in blocks]
 
 

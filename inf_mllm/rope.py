@@ -58,14 +58,23 @@ class RotationTable:
         return _apply(keys, self.cos[back], self.sin[back])
 
 
-def rope_inv_freq(model) -> torch.Tensor:
-    """The inverse frequencies of a transformers RoPE model, or a clear ValueError if it has none."""
+def _rotary(model):
     base = getattr(model, "model", model)
     if not hasattr(base, "rotary_emb") and hasattr(model, "get_decoder"):
         base = model.get_decoder()  # a vision-language model: its language model holds the rotary embedding
-    rotary = getattr(base, "rotary_emb", None)
-    inv_freq = getattr(rotary, "inv_freq", None)
+    return getattr(base, "rotary_emb", None)
+
+
+def rope_inv_freq(model) -> torch.Tensor:
+    """The inverse frequencies of a transformers RoPE model, or a clear ValueError if it has none."""
+    inv_freq = getattr(_rotary(model), "inv_freq", None)
     if inv_freq is None:
         name = type(model).__name__
         raise ValueError(f"{name} has no rotary position embedding: the streaming cache needs a RoPE model")
     return inv_freq.detach().to(torch.float32).clone()
+
+
+def multimodal_rope(model) -> bool:
+    """Whether the model's language model takes multimodal RoPE position ids (Qwen-VL's sections of the
+    rotary dimensions per time, height and width axis)."""
+    return hasattr(_rotary(model), "mrope_section")

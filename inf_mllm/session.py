@@ -15,6 +15,7 @@ import torch
 from . import recall as recall_
 from .attention import measured_clock
 from .cache import ProbeDone, StreamingCache
+from .positions import TurnPositions
 from .rope import rerotate
 from .spec import PolicySpec, Recall, as_spec
 from .store import SpanStore
@@ -75,7 +76,8 @@ class StreamSession:
     @torch.inference_mode()
     def append(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
                evict: bool = True, store: bool = True, meta: dict | None = None,
-               vision: tuple[int, int] | None = None, all_logits: bool = False) -> torch.Tensor:
+               vision: tuple[int, int] | None = None, all_logits: bool = False,
+               positions: TurnPositions | None = None) -> torch.Tensor:
         """Prefill one turn; returns the logits of its last position (B, 1, V), or of every position (B, L, V)
         with all_logits=True (perplexity, teacher-forced answers): the LM head over a whole turn is about a
         fifth of a clip turn's prefill for SmolLM2, spent for nothing when only the next token matters.
@@ -84,14 +86,15 @@ class StreamSession:
         With recall, recalled spans leave first, and the turn goes to the store (unless store=False)
         with `meta` (e.g. its clip index and video times) to report when it is recalled. `vision`, the
         (start, end) token span of the turn's visual tokens, tells the cache where the text after
-        them begins (VL-Cache's post-vision queries); optional."""
+        them begins (VL-Cache's post-vision queries); optional. `positions`: the turn's own position ids
+        under multimodal RoPE (default: one per token, as for text)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("append takes exactly one of input_ids or inputs_embeds")
         self._end_answer()
         self._forget_question()
         if self.recall is not None:
             recall_.unlink(self.cache)
-        return self._prefill(input_ids, inputs_embeds, evict, store, meta, vision, all_logits)
+        return self._prefill(input_ids, inputs_embeds, evict, store, meta, vision, all_logits, positions)
 
     def _forget_question(self) -> None:
         """A question asked with keep=False leaves, with its answer, as the next turn begins."""
@@ -105,7 +108,8 @@ class StreamSession:
             self._decoding.close()
 
     def _prefill(self, input_ids, inputs_embeds, evict: bool, store: bool, meta: dict | None,
-                 vision: tuple[int, int] | None = None, all_logits: bool = False) -> torch.Tensor:
+                 vision: tuple[int, int] | None = None, all_logits: bool = False,
+                 positions: TurnPositions | None = None) -> torch.Tensor:
         held = int(self._pending is not None)
         input_ids, inputs_embeds = self._with_pending(input_ids, inputs_embeds)
         length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
@@ -115,6 +119,7 @@ class StreamSession:
         kwargs["logits_to_keep"] = 0 if all_logits else 1  # 0: every position
         self.cache.turn = self.turns
         marks = self.cache.mark()
+        kwargs |= self._position_ids(length - held, positions, held)
         self.cache.announce_vision(None if vision is None else vision[1] + held)
         try:
             out = self.model(**kwargs, past_key_values=self.cache, use_cache=True)
@@ -122,7 +127,7 @@ class StreamSession:
             self.cache.rollback(marks)
             raise
         finally:
-            self.cache.vision_end = None
+            self.cache.vision_end, self.cache.incoming = None, None
         self._pending = None
         t1 = self._clock()
         if self.recall is not None and store:
@@ -135,6 +140,16 @@ class StreamSession:
         self._logits = out.logits[:, -1]
         self.last = stats
         return out.logits
+
+    def _position_ids(self, length: int, positions: TurnPositions | None, held: int = 0) -> dict:
+        """Under multimodal RoPE, the forward's explicit position ids (axes, B, L), its turn placed at the
+        cache's end, announced to the cache; nothing for 1-D RoPE, whose default position ids are right."""
+        if not self.cache.multimodal:
+            return {}
+        turn = (positions or TurnPositions.text(length)).after(held)
+        end = self.cache.rope_end
+        self.cache.incoming = (turn.base + end, end + turn.extent)
+        return {"position_ids": (turn.ids + end)[:, None].expand(-1, self.batch, -1).to(self.device)}
 
     def _clock(self) -> float:
         return measured_clock(self.cache, self.device)  # a prefill's kernels are not timed as the eviction after it
@@ -210,15 +225,16 @@ class StreamSession:
         self.cache.probe_layers = layers[-1] + 1
         try:
             with contextlib.suppress(ProbeDone):  # raised once the last scoring layer has run
-                self.model(input_ids=ids, past_key_values=self.cache, use_cache=True)
+                self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
+                           **self._position_ids(ids.shape[1], None))
             keys = []
             for i in layers:
-                n, start = marks[i][0], marks[i][3]
-                k = self.cache.layers[i].keys[0, :, n:]
-                keys.append(rerotate(k, -(start + n + torch.arange(k.shape[1], device=k.device)), self.cache.inv_freq))
+                layer = self.cache.layers[i]
+                k = layer.keys[0, :, marks[i][0]:]
+                keys.append(rerotate(k, -layer.positions(marks[i][0]), self.cache.inv_freq))
             return keys
         finally:
-            self.cache.probe_layers = None
+            self.cache.probe_layers, self.cache.incoming = None, None
             self.cache.rollback(marks)
 
     def append_text(self, text: str, **kwargs) -> torch.Tensor:
@@ -262,7 +278,9 @@ class StreamSession:
                     break
                 t0 = self._clock()
                 with self.cache.decode_step():  # this forward only: nothing is held while the answer pauses
-                    out = self.model(input_ids=token[:, None], past_key_values=self.cache, use_cache=True)
+                    out = self.model(input_ids=token[:, None], past_key_values=self.cache, use_cache=True,
+                                     **self._position_ids(1, None))
+                self.cache.incoming = None
                 token = None  # in the cache now
                 self.seen += 1
                 logits = out.logits[:, -1]

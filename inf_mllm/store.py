@@ -37,6 +37,7 @@ class Span:
     meta: dict = field(default_factory=dict)
     keys: torch.Tensor | None = None  # (layers, Hkv, k, d) at positions 0..k-1
     values: torch.Tensor | None = None
+    bases: torch.Tensor | None = None  # multimodal RoPE: (k + 1,) its tokens' unit bases from 0, then its extent
 
     @property
     def nbytes(self) -> int:
@@ -151,8 +152,11 @@ class SpanStore:
         if not self.writable:
             return
         name = f"span_{span.id:08d}.safetensors"
-        data = save({"keys": span.keys.contiguous(), "values": span.values.contiguous(),
-                     "summary": span.summary.contiguous()},
+        tensors = {"keys": span.keys.contiguous(), "values": span.values.contiguous(),
+                   "summary": span.summary.contiguous()}
+        if span.bases is not None:
+            tensors["bases"] = span.bases.contiguous()
+        data = save(tensors,
                     metadata={"meta": json.dumps(span.meta), "length": str(span.length), "id": str(span.id)})
         digest = hashlib.sha256(data).hexdigest()
         try:
@@ -241,7 +245,8 @@ class SpanStore:
             if tensors is None:
                 continue
             meta = json.loads(tensors_meta(self.folder / record["file"]).get("meta", "{}"))
-            self.spans[record["id"]] = Span(record["id"], tensors["keys"].shape[2], tensors["summary"], meta)
+            self.spans[record["id"]] = Span(record["id"], tensors["keys"].shape[2], tensors["summary"], meta,
+                                            bases=tensors.get("bases"))
         if not index.clean or adopted:
             self._repair_index(index, adopted)
         self._enforce()

@@ -18,7 +18,7 @@ ADAPTERS = {
                       "Flash-VStream-7B: CLIP ViT-L/14, STAR memory read out per question, Vicuna (local checkpoint)"),
     "flash-vstream-tiny": ("models.flash_vstream.tiny:FlashVStreamTiny", "Flash-VStream's STAR memory on tiny-vlm"),
     "hf": ("models.hf.adapter:HFVideo",
-           "a transformers checkpoint folder: LLaVA-OneVision, SmolVLM2 (Qwen-VL's multimodal RoPE is refused)"),
+           "a transformers checkpoint folder: LLaVA-OneVision, SmolVLM2, Qwen2-VL, Qwen2.5-VL"),
 }
 
 

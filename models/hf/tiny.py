@@ -17,7 +17,11 @@ from transformers import (
     LlamaConfig,
     LlavaOnevisionConfig,
     LlavaOnevisionForConditionalGeneration,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
     Qwen2Config,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
     SiglipVisionConfig,
     SmolVLMConfig,
     SmolVLMForConditionalGeneration,
@@ -38,8 +42,19 @@ SMOLVLM_TEMPLATE = (
     "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
     "{% elif line['type'] == 'image' %}{{ '<image>' }}{% elif line['type'] == 'video' %}{{ '<video>' }}{% endif %}"
     "{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
+# Qwen2-VL's template in short: a default system message opens any conversation that has none
+QWEN_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{% for content in message['content'] %}{% if content['type'] == 'video' %}"
+    "<|vision_start|><|video_pad|><|vision_end|>{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
+    "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+QWEN_SPECIAL = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 SPECIAL = {"llava_onevision": ["<image>", "<video>"],
-           "smolvlm": ["<image>", "<video>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]}
+           "smolvlm": ["<image>", "<video>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"],
+           "qwen2_vl": QWEN_SPECIAL, "qwen2_5_vl": QWEN_SPECIAL}
+TEMPLATES = {"llava_onevision": LLAVA_TEMPLATE, "smolvlm": SMOLVLM_TEMPLATE, "qwen2_vl": QWEN_TEMPLATE,
+             "qwen2_5_vl": QWEN_TEMPLATE}
 _VIDEO = {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
           "rescale_factor": 1 / 255}
 PROCESSORS = {
@@ -51,6 +66,13 @@ PROCESSORS = {
                                              "max_image_size": {"longest_edge": SIDE}, "resample": 1,
                                              "image_mean": [0.5] * 3, "image_std": [0.5] * 3},
                 "image_seq_len": (SIDE // 8) ** 2 // 4},
+    # 8-px patches merged 2 × 2, at most 1,536 pixels a frame: bikes.mp4's 160 × 90 frames become 48 × 16 (1 × 3
+    # merged patches), so a 4-frame clip is 2 temporal patches × 3 = 6 video tokens
+    **{kind: {"video_processor": _VIDEO | {"size": {"shortest_edge": 1024, "longest_edge": 1536}, "resample": 3,
+                                           "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                                           "image_std": [0.26862954, 0.26130258, 0.27577711],
+                                           "patch_size": 8, "temporal_patch_size": 2, "merge_size": 2}}
+       for kind in ("qwen2_vl", "qwen2_5_vl")},
 }
 FAMILY_NAMES = tuple(SPECIAL)
 
@@ -87,6 +109,24 @@ def build(family: str, seed: int = 0):
                                image_token_id=tok.convert_tokens_to_ids("<image>"), scale_factor=2)
         model = SmolVLMForConditionalGeneration(config)
         eos = tok.convert_tokens_to_ids("<end_of_utterance>")
+    elif family in ("qwen2_vl", "qwen2_5_vl"):
+        names = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+        ids = {key: tok.convert_tokens_to_ids(token) for key, token in names.items()}
+        # head_dim 16: 8 rotary frequencies split 2 / 3 / 3 over the time, height and width axes
+        text = text_config(Qwen2Config, len(tok), rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                   "mrope_section": [2, 3, 3]})
+        shared = dict(depth=2, num_heads=2, patch_size=8, spatial_merge_size=2, temporal_patch_size=2)
+        if family == "qwen2_vl":
+            vision = dict(embed_dim=32, hidden_size=64, mlp_ratio=2, **shared)
+            config, cls = Qwen2VLConfig(text_config=text, vision_config=vision, **ids), Qwen2VLForConditionalGeneration
+        else:
+            vision = dict(hidden_size=32, intermediate_size=64, out_hidden_size=64, tokens_per_second=2,
+                          window_size=16, fullatt_block_indexes=[1], **shared)
+            config, cls = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids), \
+                Qwen2_5_VLForConditionalGeneration
+        model = cls(config)
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
     else:
         raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILY_NAMES)}")
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos)
@@ -100,7 +140,7 @@ def save(family: str, folder: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     (folder / "processor_config.json").write_text(json.dumps(PROCESSORS[family], indent=2))
-    (folder / "chat_template.jinja").write_text(LLAVA_TEMPLATE if family == "llava_onevision" else SMOLVLM_TEMPLATE)
+    (folder / "chat_template.jinja").write_text(TEMPLATES[family])
     return folder
 
 
