@@ -74,7 +74,7 @@ class StreamingLayer(DynamicLayer):
             tag = torch.full((*keys.shape[:2], new), self.cache.turn, dtype=torch.long, device=keys.device)
             self.turn_ids = tag if self.turn_ids is None else torch.cat([self.turn_ids, tag], dim=-1)
         if self.cache.multimodal:
-            self._place(new, keys.device)
+            self._place(new)
         for obs in self.cache.observers:
             obs.grow(self, new)
         # announce even when nothing is observed: a layer of another cache left announced (a forward that
@@ -82,13 +82,13 @@ class StreamingLayer(DynamicLayer):
         attention.announce(self if self.cache.observers else None)
         return keys, values
 
-    def _place(self, new: int, device) -> None:
+    def _place(self, new: int) -> None:
         """The new tokens' unit bases and the next position, as the forward's caller announced them."""
         incoming = self.cache.incoming
         if incoming is None or incoming[0].shape[-1] != new:
             raise ValueError("a multimodal-RoPE forward needs its positions: pass the turn's position ids "
                              "through StreamSession (positions=)")
-        base, self.end = incoming[0].to(device), incoming[1]
+        base, self.end = incoming
         rows = 1 if self.base is None else self.base.shape[1]
         base = base.expand(self._k.get().shape[0], rows, new)
         self.base = base if self.base is None else torch.cat([self.base, base], dim=-1)

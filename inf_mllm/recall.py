@@ -40,15 +40,15 @@ def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> S
     (all of them for a short turn), per KV head, without RoPE."""
     keys, values, summary, bases = [], [], [], None
     scoring = set(scoring_layers(recall, len(cache.layers)))
+    own = torch.arange(length)
+    if cache.multimodal:  # the turn's units from 0, then its extent: the same in every layer
+        top = cache.layers[0]
+        turn = top.base[0, 0, top.get_seq_length() - length:].cpu()
+        own = turn - turn[0]
+        bases = torch.cat([own, torch.tensor([top.end - int(turn[0])])])
     for i, layer in enumerate(cache.layers):
         n = layer.get_seq_length()
-        first = layer.start + n - length
-        own = torch.arange(length)
-        if layer.base is not None:  # multimodal RoPE: the turn's units from 0, then its extent
-            turn = layer.base[0, 0, n - length:].cpu()
-            first = int(turn[0])
-            own = turn - first
-            bases = torch.cat([own, torch.tensor([layer.end - first])])
+        first = int(turn[0]) if cache.multimodal else layer.start + n - length
         k = layer.keys[0, :, n - length:]  # (H, L, d), at positions first..first+L-1
         k = cache.rotations.rotate(k, torch.full((1, length), -first, device=k.device), first + 1) if first else k
         keys.append(k)

@@ -148,7 +148,7 @@ class StreamSession:
             return {}
         turn = (positions or TurnPositions.text(length)).after(held)
         end = self.cache.rope_end
-        self.cache.incoming = (turn.base + end, end + turn.extent)
+        self.cache.incoming = ((turn.base + end).to(self.device), end + turn.extent)  # moved once, not per layer
         return {"position_ids": (turn.ids + end)[:, None].expand(-1, self.batch, -1).to(self.device)}
 
     def _clock(self) -> float:
