@@ -56,6 +56,8 @@ def _observing_sdpa(module, query, key, value, attention_mask, **kwargs):
         # layers hold different token counts (per-layer budgets) but end at one position: the mask,
         # built for the cache's position length, is this layer's on its last columns
         attention_mask = attention_mask[..., -key.shape[2]:]
+    if torch.compiler.is_compiling():  # a compiled decode step (compiled.py) observes nothing
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     layer = _active_layer.get()
     if layer is None or layer.layer_idx != getattr(module, "layer_idx", None):
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)

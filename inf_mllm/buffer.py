@@ -83,7 +83,9 @@ class KVBuffer:
     def _reserve(self, like: torch.Tensor, n: int, keep: int) -> None:
         """A new buffer for at least n rows, shaped like `like`, with the first `keep` rows of the old one."""
         b, h, _, d = like.shape
-        grown = like.new_empty((b, h, -(-n // GRAIN) * GRAIN, d))
+        # zeros, not empty: a compiled decode step (compiled.py) reads the rows past the cache, masked, and a
+        # masked NaN still poisons attention (0 × NaN)
+        grown = like.new_zeros((b, h, -(-n // GRAIN) * GRAIN, d))
         if keep:
             grown[:, :, :keep].copy_(self.buf[:, :, :keep])
         self.buf = grown

@@ -70,17 +70,28 @@ class StreamingLayer(DynamicLayer):
         new = key_states.shape[-2]
         if not self.cache.is_decoding:
             self.prompt_len = new
+        self._grew(new)
+        # announce even when nothing is observed: a layer of another cache left announced (a forward that
+        # never reached attention) must not be taken for this one
+        attention.announce(self if self.cache.observers else None)
+        return keys, values
+
+    def written(self, new: int) -> None:
+        """`new` rows were written into the buffers past the cache by a compiled decode step (compiled.py)."""
+        self._k.n += new
+        self._v.n += new
+        self._grew(new)
+
+    def _grew(self, new: int) -> None:
+        """What the layer keeps per token besides K/V, grown by the `new` tokens just appended."""
         if self.cache.track_turns:
+            keys = self.keys
             tag = torch.full((*keys.shape[:2], new), self.cache.turn, dtype=torch.long, device=keys.device)
             self.turn_ids = tag if self.turn_ids is None else torch.cat([self.turn_ids, tag], dim=-1)
         if self.cache.multimodal:
             self._place(new)
         for obs in self.cache.observers:
             obs.grow(self, new)
-        # announce even when nothing is observed: a layer of another cache left announced (a forward that
-        # never reached attention) must not be taken for this one
-        attention.announce(self if self.cache.observers else None)
-        return keys, values
 
     def _place(self, new: int) -> None:
         """The new tokens' unit bases and the next position, as the forward's caller announced them."""

@@ -15,6 +15,7 @@ import torch
 from . import recall as recall_
 from .attention import measured_clock
 from .cache import ProbeDone, StreamingCache
+from .compiled import compiled_decode
 from .positions import TurnPositions
 from .rope import rerotate
 from .spec import PolicySpec, Recall, as_spec
@@ -42,14 +43,17 @@ class StreamSession:
     `recall` given here), turns go to a span store (`store`: a `SpanStore`, or a folder for one that
     survives a restart) and questions asked through `append_question` link back the stored turns they
     need. `static=False` keeps K/V as transformers' dynamic layers do (a comparison, see `buffer.py`).
-    `options` are the policy's options (window, bias, ...)."""
+    `compile_decode=True` runs each decode step the cache allows compiled on fixed shapes (`compiled.py`;
+    the first answer waits for the compile). `options` are the policy's options (window, bias, ...)."""
 
     def __init__(self, model, tokenizer=None, policy: PolicySpec | str = "inf_mllm", budget=None, batch: int = 1,
-                 recall: Recall | None = None, store: SpanStore | str | None = None, static: bool = True, **options):
+                 recall: Recall | None = None, store: SpanStore | str | None = None, static: bool = True,
+                 compile_decode: bool = False, **options):
         self.model, self.tokenizer = model, tokenizer
         spec = as_spec(policy, **options)
         self.recall = recall or spec.recall
         self.cache = StreamingCache.for_model(model, spec, budget, batch=batch, static=static)
+        self._compiled = compiled_decode(model) if compile_decode else None
         self.batch = batch
         self.seen = 0  # tokens streamed in so far, whatever was evicted
         self.turns = 0  # turns appended so far; a stored turn's span id is its turn number
@@ -277,13 +281,15 @@ class StreamSession:
                 if bool(done.all()) or step == max_new_tokens - 1:
                     break
                 t0 = self._clock()
-                with self.cache.decode_step():  # this forward only: nothing is held while the answer pauses
-                    out = self.model(input_ids=token[:, None], past_key_values=self.cache, use_cache=True,
-                                     **self._position_ids(1, None))
-                self.cache.incoming = None
+                logits = self._compiled.step(self.cache, token) if self._compiled is not None else None
+                if logits is None:
+                    with self.cache.decode_step():  # this forward only: nothing is held while the answer pauses
+                        out = self.model(input_ids=token[:, None], past_key_values=self.cache, use_cache=True,
+                                         **self._position_ids(1, None))
+                    self.cache.incoming = None
+                    logits = out.logits[:, -1]
                 token = None  # in the cache now
                 self.seen += 1
-                logits = out.logits[:, -1]
                 self.cache.step()
                 self.last.decode_s += self._clock() - t0
         finally:

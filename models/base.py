@@ -110,10 +110,13 @@ class VideoAdapter(ABC):
         """Tokens `question` takes as a question turn."""
         return len(self.text_ids(self.question_text(question))[0])
 
-    def new_session(self, policy: PolicySpec | str = "inf_mllm", budget=None, store=None, **options) -> StreamSession:
-        """`store`: the span store of a policy with recall (a `SpanStore` or a folder; a session folder's), not a
+    def new_session(self, policy: PolicySpec | str = "inf_mllm", budget=None, store=None, static: bool = True,
+                    compile_decode: bool = False, **options) -> StreamSession:
+        """`store`: the span store of a policy with recall (a `SpanStore` or a folder; a session folder's);
+        `static`, `compile_decode`: how the session keeps K/V and decodes (see StreamSession); none of them a
         policy option."""
-        session = StreamSession(self.model, self.tokenizer, as_spec(policy, **options), budget=budget, store=store)
+        session = StreamSession(self.model, self.tokenizer, as_spec(policy, **options), budget=budget, store=store,
+                                static=static, compile_decode=compile_decode)
         session.append(self.system_ids(), store=False)
         return session
 

@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--window", type=int, help="inf_mllm retrieval window l")
     m.add_argument("--max-new-tokens", type=int, default=16)
     m.add_argument("--device", default="cpu")
+    m.add_argument("--compile-decode", action="store_true",
+                   help="run decode steps compiled on fixed shapes (torch.compile; CUDA graphs on a GPU); the first "
+                        "answer waits for the compile (about 2 min for SmolLM2 on 2 CPU cores, no faster than eager "
+                        "there)")
     p.add_argument("--json", action="store_true", help="JSON lines on stdout")
     k = p.add_argument_group("memory soak")
     k.add_argument("--soak", metavar="ROUNDS|TIME",
@@ -157,8 +161,10 @@ def load_session(args, spec: PolicySpec, adapter, folder=None):
         budget, auto = auto_budget_for(adapter, args.max_new_tokens, args.device)
         print(f"stream-qa: --budget auto: {budget} tokens per layer ({auto.explain()})", file=sys.stderr)
     try:
-        store = {"store": folder.open_store()} if folder is not None else {}
-        session = adapter.new_session(spec, budget=budget, **store)
+        extra = {"store": folder.open_store()} if folder is not None else {}
+        if args.compile_decode:
+            extra["compile_decode"] = True
+        session = adapter.new_session(spec, budget=budget, **extra)
     except ValueError as err:  # the policy refuses these options (window larger than the budget, …)
         raise ConfigError(f"--policy {spec.policy_name}: {one_line(err)}") from err
     budgets = session.cache.budgets

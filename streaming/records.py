@@ -16,7 +16,8 @@ from pathlib import Path
 METRICS = ("ppl", "accuracy", "decode_ms_per_token", "ttft_s", "evict_share", "kv_tokens", "kv_mb", "rss_mb",
            "tokens_per_s", "oom_round", "ingest_speed", "rss_slope_mb_per_round", "recall_at_k", "store_mb_per_hour",
            "link_ms", "reencode_ms", "round_ms", "of_full", "questions", "rate", "ms_per_frame", "prefill_ms", "ratio",
-           "encode_ms", "kv_kb_per_clip", "clip_ttft_s", "floor_ms_per_token", "decode_vs_floor", "gpu_mb")
+           "encode_ms", "kv_kb_per_clip", "clip_ttft_s", "floor_ms_per_token", "decode_vs_floor", "gpu_mb",
+           "first_answer_s")
 
 
 def record(benchmark, policy, budget, metric, value, x):

@@ -1,0 +1,123 @@
+"""A decode step on fixed shapes, compiled once and replayed (issue 23, item 2).
+
+A bounded cache keeps each layer's K/V in a buffer of fixed capacity (buffer.py), so a decode step can
+run on shapes that never change: the new row is written at index n (a tensor, so a new n is not a new
+graph), attention reads the whole buffer with the rows past n masked, and the token's position is n.
+transformers' `StaticLayer` works the same way; here the buffers stay the streaming cache's own, viewed
+through `BufferView` for the step. On such shapes `torch.compile` traces the model's own forward once: on a
+CPU into inductor's C++ kernels, on a GPU into CUDA graphs.
+
+Only a plain step of a bounded cache can run this way (an unbounded one keeps growing its buffers, and each
+new shape is a new compile): every layer holds the same rows from position 0 under 1-D RoPE, and no policy or
+observer acts while decoding (H2O, Elastic and PrefixKV score every step; per-layer budgets and
+multimodal RoPE place rows apart from positions). `CompiledDecode.step` says None for any other, and the
+session runs the eager step instead. Compiling costs time once per model and buffer shape (30 s to 2 min for
+SmolLM2-135M on 2 CPU cores, less once inductor's on-disk cache holds it), and on a CPU the compiled step is
+no faster (a decode step there is matrix-vector products at memory bandwidth: `python -m benchmarks
+compiled_decode`), so it is an option of the session, off by default.
+"""
+
+import weakref
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class BufferView(CacheLayerMixin):
+    """One layer's whole K/V buffers (B, H, capacity, D) for a compiled step, the new row written at `row`."""
+
+    is_compileable = True
+    is_sliding = False
+
+    def __init__(self, row: torch.Tensor):
+        super().__init__()
+        self.row = row
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        raise RuntimeError("a BufferView is bound to a layer's buffers before the step")
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.keys.index_copy_(2, self.row, key_states)
+        self.values.index_copy_(2, self.row, value_states)
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.keys.shape[2], 0  # the whole buffer; the causal mask hides the rows past `row`
+
+    def get_seq_length(self) -> torch.Tensor:
+        return self.row[0]  # a tensor, as StaticLayer's: the mask's query offset, without a recompile per step
+
+    def get_max_length(self) -> int:
+        return self.keys.shape[2]
+
+
+class CompiledDecode:
+    """The compiled decode step of one model, shared by its sessions (one trace serves them all while their
+    buffers have one shape). `step(cache, token)` runs it on `cache`'s buffers, or returns None where the
+    step is not plain (see the module docstring) or the buffers are full."""
+
+    def __init__(self, model):
+        self.model = model
+        self.row = torch.zeros(1, dtype=torch.long, device=model.device)
+        self.steps = 0  # steps run compiled, all sessions together
+        layers = model.config.get_text_config().num_hidden_layers
+        self.view = Cache(layers=[BufferView(self.row) for _ in range(layers)])
+        cuda = model.device.type == "cuda"
+        self._forward = torch.compile(self._step, dynamic=False, mode="reduce-overhead" if cuda else None)
+
+    def _step(self, token: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=token, past_key_values=self.view, cache_position=self.row,
+                          position_ids=self.row[None], use_cache=True).logits
+
+    @staticmethod
+    def why_not(cache) -> str | None:
+        """Why `cache`'s next decode step cannot run compiled (None: it can)."""
+        layers = cache.layers
+        if not cache.static:
+            return "its K/V are not in buffers"
+        if cache.budgets is None:
+            return "an unbounded cache grows its buffers, and each new shape is a new compile"
+        if cache.multimodal:
+            return "multimodal RoPE places rows apart from positions"
+        if cache.policy.evict_while_decoding:
+            return f"{type(cache.policy).name} evicts while decoding"
+        if not layers or not all(layer.is_initialized for layer in layers):
+            return "the cache is empty"
+        if any(obs.queries(layers[0], 1, True) for obs in cache.observers):
+            return "an observer scores decode steps"
+        n = layers[0].get_seq_length()
+        if any(layer.start or layer.get_seq_length() != n for layer in layers):
+            return "its layers hold different rows (per-layer budgets)"
+        return None
+
+    def step(self, cache, token: torch.Tensor) -> torch.Tensor | None:
+        """The logits (B, V) after `token` (B,), its K/V written into `cache`; None if it cannot run here."""
+        if self.why_not(cache) is not None:
+            return None
+        n = cache.layers[0].get_seq_length()
+        if any(n >= layer._k.capacity for layer in cache.layers):
+            return None  # no free row: the eager step grows the buffers (and the next trace takes the new shape)
+        for view, layer in zip(self.view.layers, cache.layers, strict=True):
+            keys, values = layer._k.buf, layer._v.buf
+            if view.keys is not keys or view.values is not values:
+                view.keys, view.values = keys, values
+                if keys.is_cuda:  # CUDA graphs replay on fixed addresses
+                    torch._dynamo.mark_static_address(keys)
+                    torch._dynamo.mark_static_address(values)
+        self.row.fill_(n)
+        logits = self._forward(token[:, None])[:, -1].clone()  # a CUDA graph's output is overwritten next replay
+        for layer in cache.layers:
+            layer.written(1)
+        self.steps += 1
+        return logits
+
+
+_compiled: "weakref.WeakKeyDictionary[torch.nn.Module, CompiledDecode]" = weakref.WeakKeyDictionary()
+
+
+def compiled_decode(model) -> CompiledDecode:
+    """The model's compiled decode step, made on first use."""
+    if model not in _compiled:
+        _compiled[model] = CompiledDecode(model)
+    return _compiled[model]

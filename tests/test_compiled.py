@@ -1,0 +1,70 @@
+"""Compiled decode (inf_mllm/compiled.py): the same tokens as the eager step, on the cache's own buffers, and the
+eager step wherever a step is not plain."""
+
+import pytest
+import torch
+
+from inf_mllm import StreamSession
+from inf_mllm.compiled import CompiledDecode, compiled_decode
+
+
+def _stream(session, ids, rounds: int, answer: int) -> list[list[int]]:
+    tokens = []
+    for r in range(rounds):
+        session.append(ids[:, 100 * r:100 * (r + 1)])
+        tokens.append([int(t[0]) for t in session.generate(answer, eos_token_id=[])])
+    return tokens
+
+
+@pytest.mark.slow  # the first compile of SmolLM2's step takes about two minutes on 2 cores
+@pytest.mark.parametrize("policy", ["inf_mllm", "streaming_llm", "inf_mllm+recall"])
+def test_compiled_decode_answers_the_eager_tokens_and_leaves_the_same_cache(smol, policy, tmp_path):
+    model, tok = smol
+    ids = torch.randint(100, 20000, (1, 800), generator=torch.Generator().manual_seed(5))
+    kwargs = {"window": 16} if policy.startswith("inf_mllm") else {}
+    eager = StreamSession(model, tok, policy, budget=256, store=tmp_path / "eager", **kwargs)
+    compiled = StreamSession(model, tok, policy, budget=256, store=tmp_path / "compiled", compile_decode=True, **kwargs)
+    steps = compiled._compiled.steps
+    assert _stream(compiled, ids, 8, 12) == _stream(eager, ids, 8, 12)
+    assert compiled._compiled.steps - steps == 8 * 11  # every step after an answer's first token ran compiled
+    for mine, theirs in zip(compiled.cache.layers, eager.cache.layers, strict=True):
+        assert mine.keys.shape == theirs.keys.shape
+        assert torch.allclose(mine.keys, theirs.keys, atol=1e-3) and torch.allclose(mine.values, theirs.values,
+                                                                                     atol=1e-3)
+        if "recall" in policy:
+            assert torch.equal(mine.turn_ids, theirs.turn_ids)
+
+
+@pytest.mark.parametrize("policy, reason", [("h2o", "evicts while decoding"), ("full", "unbounded"),
+                                            ("inf_mllm+vl_cache_budgets", "per-layer budgets")])
+def test_a_step_that_is_not_plain_runs_eagerly(smol, policy, reason):
+    """Nothing compiles here: `step` declines before it would."""
+    model, tok = smol
+    ids = torch.randint(100, 20000, (1, 400), generator=torch.Generator().manual_seed(6))
+    budget = None if policy == "full" else 64  # every round evicts: per-layer budgets differ from the first answer
+    kwargs = {"window": 16} if policy.startswith("inf_mllm") else {}
+    eager = StreamSession(model, tok, policy, budget=budget, **kwargs)
+    session = StreamSession(model, tok, policy, budget=budget, compile_decode=True, **kwargs)
+    steps = session._compiled.steps
+    assert _stream(session, ids, 4, 5) == _stream(eager, ids, 4, 5)
+    assert reason in CompiledDecode.why_not(session.cache)
+    assert session._compiled.steps == steps
+
+
+def test_a_full_buffer_declines_the_compiled_step_and_writes_nothing(smol):
+    """With no free row the eager step grows the buffers; the compiled one must not write past them."""
+    model, tok = smol
+    session = StreamSession(model, tok, "inf_mllm", budget=256, window=16)
+    session.append(torch.randint(100, 20000, (1, 256), generator=torch.Generator().manual_seed(7)))
+    layer = session.cache.layers[0]
+    assert CompiledDecode.why_not(session.cache) is None and layer.get_seq_length() == layer._k.capacity
+    before = layer.keys.clone()
+    assert compiled_decode(model).step(session.cache, torch.tensor([42])) is None
+    assert layer.get_seq_length() == 256 and torch.equal(layer.keys, before)
+
+
+def test_a_static_false_session_never_compiles(smol):
+    model, tok = smol
+    session = StreamSession(model, tok, "inf_mllm", budget=128, static=False, compile_decode=True)
+    session.append(torch.randint(100, 20000, (1, 200), generator=torch.Generator().manual_seed(8)))
+    assert "not in buffers" in CompiledDecode.why_not(session.cache)
