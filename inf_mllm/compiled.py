@@ -17,8 +17,6 @@ no faster (a decode step there is matrix-vector products at memory bandwidth: `p
 compiled_decode`), so it is an option of the session, off by default.
 """
 
-import weakref
-
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -113,11 +111,9 @@ class CompiledDecode:
         return logits
 
 
-_compiled: "weakref.WeakKeyDictionary[torch.nn.Module, CompiledDecode]" = weakref.WeakKeyDictionary()
-
-
 def compiled_decode(model) -> CompiledDecode:
-    """The model's compiled decode step, made on first use."""
-    if model not in _compiled:
-        _compiled[model] = CompiledDecode(model)
-    return _compiled[model]
+    """The model's compiled decode step, made on first use and kept on the model (it refers to the model, so
+    a table keyed by model would keep every model alive; an attribute goes with it)."""
+    if getattr(model, "_inf_mllm_compiled_decode", None) is None:
+        model._inf_mllm_compiled_decode = CompiledDecode(model)
+    return model._inf_mllm_compiled_decode

@@ -60,10 +60,13 @@ def test_compiled_decode_times_transformers_own_caches(small_shape, tmp_path, mo
     from benchmarks import compiled_decode
 
     monkeypatch.setattr(compiled_decode, "CONTEXT", 64)
-    assert main(["compiled_decode", "--shape", small_shape, "--out", str(tmp_path)]) == 0
+    assert main(["compiled_decode", "--shape", small_shape, "--quick", "--policies", "inf_mllm",
+                 "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / f"compiled_decode_{small_shape}.json").read_text())
     decode = {r["policy"] for r in rows if r["metric"] == "decode_ms_per_token" and r["value"] > 0}
-    assert decode == set(compiled_decode.VARIANTS)
+    assert decode == set(compiled_decode.VARIANTS) | {"inf_mllm, eager", "inf_mllm, compiled"}
+    same = [r["value"] for r in rows if r["policy"] == "inf_mllm: same answers"]
+    assert same == [1.0]  # our compiled step answers the eager tokens on this shape too
 
 
 def test_bandwidth_of_this_machine_is_a_plausible_memory_speed():
