@@ -63,6 +63,17 @@ class KVBuffer:
         self.n = n
         return self.get()
 
+    def take(self, idx: torch.Tensor) -> torch.Tensor:
+        """The cache's rows at indices idx (B, 1 or H, K), every head its own: one `index_select` over the
+        buffer's rows (B·H·capacity, D), several times faster on a CPU than `torch.gather` with an index
+        expanded over D, which reads the index as often as the data."""
+        buf = self.get() if not self.static else self.buf
+        b, h, rows, d = buf.shape
+        if not buf.is_contiguous():
+            return self.get().gather(2, idx.expand(b, h, -1).unsqueeze(-1).expand(b, h, -1, d))
+        first = torch.arange(b * h, device=idx.device).view(b, h, 1) * rows  # each head's first row
+        return buf.view(-1, d).index_select(0, (first + idx).reshape(-1)).view(b, h, -1, d)
+
     def fit(self) -> None:
         """Give back the capacity beyond the cache's rows (rounded up to GRAIN): after a budget is tightened."""
         if self.static and self.buf is not None and self.capacity > -(-max(self.n, 1) // GRAIN) * GRAIN:

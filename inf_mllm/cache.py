@@ -155,19 +155,18 @@ class StreamingLayer(DynamicLayer):
         (start: unchanged by default; multimodal RoPE: units closed up to end at `end`, by default where they
         end when they close up towards the first one)."""
         start = self.start if start is None else start
-        b, h, _, d = self.keys.shape
+        b, h = self.keys.shape[:2]
         idx = idx.to(self.keys.device)
         # one index set for all heads stays (B, 1, K): its shifts and rotation angles are computed once per token
         idx = idx[:, None, :] if idx.dim() == 2 else idx
-        gather = idx.unsqueeze(-1).expand(b, h, -1, d)
-        keys = self.keys.gather(2, gather)
+        keys = self._k.take(idx)
         if self.base is not None:
             old, new = self._closed_up(idx, end)
             self.keys = rerotate(keys, new - old, self.cache.inv_freq)
         else:
             delta = torch.arange(idx.shape[-1], device=idx.device) + (start - self.start) - idx  # new - old position
             self.keys = self._moved(keys, delta, start)
-        self.values = self.values.gather(2, gather)
+        self.values = self._v.take(idx)
         if "acc" in self.seen:
             self.seen["acc"] = self.seen["acc"].gather(-1, idx.expand(b, h, -1))
         if self.turn_ids is not None:

@@ -55,7 +55,9 @@ class RotationTable:
         if reach > self.cos.shape[0] or self.cos.device != keys.device:
             self._grow(reach, keys.device)
         back = (-delta).clamp_min(0)
-        return _apply(keys, self.cos[back], self.sin[back])
+        rows = back.reshape(-1)  # index_select of whole rows: cheaper than advanced indexing by a (.., T) tensor
+        shape = (*back.shape, self.cos.shape[1])
+        return _apply(keys, self.cos.index_select(0, rows).view(shape), self.sin.index_select(0, rows).view(shape))
 
 
 def _rotary(model):
