@@ -164,6 +164,8 @@ def load_session(args, spec: PolicySpec, adapter, folder=None):
         extra = {"store": folder.open_store()} if folder is not None else {}
         if args.compile_decode:
             extra["compile_decode"] = True
+            print("stream-qa: decode steps run compiled on fixed shapes where the cache allows; the first answer "
+                  "waits for the compile", file=sys.stderr)
         session = adapter.new_session(spec, budget=budget, **extra)
     except ValueError as err:  # the policy refuses these options (window larger than the budget, …)
         raise ConfigError(f"--policy {spec.policy_name}: {one_line(err)}") from err

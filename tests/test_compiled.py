@@ -68,3 +68,25 @@ def test_a_static_false_session_never_compiles(smol):
     session = StreamSession(model, tok, "inf_mllm", budget=128, static=False, compile_decode=True)
     session.append(torch.randint(100, 20000, (1, 200), generator=torch.Generator().manual_seed(8)))
     assert "not in buffers" in CompiledDecode.why_not(session.cache)
+
+
+@pytest.mark.slow  # two runs of stream-qa, one of them compiling tiny-vlm's decode step
+def test_stream_qa_compile_decode_gives_the_eager_answers():
+    import json
+    import subprocess
+    import sys
+
+    from streaming.sources import bundled_clip
+
+    def answers(*flags):
+        out = subprocess.run([sys.executable, "-m", "streaming.cli", str(bundled_clip("bikes.mp4")), "--fast", "--json",
+                              "--budget", "128", "--policy", "inf_mllm", "--ask", "what is in the video? @9s",
+                              "--ask", "is there a bicycle? @3s", *flags], capture_output=True, text=True, timeout=600,
+                             stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, out.stderr
+        assert ("run compiled" in out.stderr) == bool(flags)
+        return [json.loads(line)["answer"] for line in out.stdout.splitlines()]
+
+    eager = answers()
+    assert len(eager) == 2 and all(eager)
+    assert answers("--compile-decode") == eager
