@@ -70,7 +70,7 @@ class KVBuffer:
         buf = self.get() if not self.static else self.buf
         b, h, rows, d = buf.shape
         if not buf.is_contiguous():
-            return self.get().gather(2, idx.expand(b, h, -1).unsqueeze(-1).expand(b, h, -1, d))
+            return buf.gather(2, idx.expand(b, h, -1).unsqueeze(-1).expand(b, h, -1, d))
         first = torch.arange(b * h, device=idx.device).view(b, h, 1) * rows  # each head's first row
         return buf.view(-1, d).index_select(0, (first + idx).reshape(-1)).view(b, h, -1, d)
 

@@ -263,7 +263,7 @@ class StreamingLayer(DynamicLayer):
         inv_freq = self.cache.inv_freq
         head_k, tail_k = self.keys[:, :, :at], self.keys[:, :, at:]
         if self.base is not None:
-            to, shift = self._open(at, bases.to(self.base.device))
+            to, shift = self._open(at, bases[:-1].to(self.base.device), int(bases[-1]))  # bases: host memory
             block = rerotate(keys.to(self.keys), to, inv_freq)
         else:
             to, shift = self.start + at, m
@@ -282,15 +282,15 @@ class StreamingLayer(DynamicLayer):
             zeros = torch.zeros((b, h, m), dtype=acc.dtype, device=acc.device)
             self.seen["acc"] = torch.cat([acc[..., :at], zeros, acc[..., at:]], dim=-1)
 
-    def _open(self, at: int, bases: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Multimodal RoPE: room for a block of unit bases `bases` (its extent last) at index `at`, which must
-        begin a unit in every row; returns where the block's first unit sits, (B, rows, 1), and its extent."""
-        n, extent = self.base.shape[-1], int(bases[-1])
+    def _open(self, at: int, bases: torch.Tensor, extent: int) -> tuple[torch.Tensor, int]:
+        """Multimodal RoPE: room for a block of unit bases `bases` and `extent` positions at index `at`, which
+        must begin a unit in every row; returns where the block's first unit sits, (B, rows, 1), and its extent."""
+        n = self.base.shape[-1]
         if 0 < at < n and bool((self.base[..., at] == self.base[..., at - 1]).any()):
             raise ValueError(f"cannot link a span at index {at}: it falls inside a vision block")
         rows = self.base.shape[:2]
         to = self.base[..., at:at + 1] if at < n else self.base.new_full((*rows, 1), self.end)
-        self.base = torch.cat([self.base[..., :at], to + bases[:-1], self.base[..., at:] + extent], dim=-1)
+        self.base = torch.cat([self.base[..., :at], to + bases, self.base[..., at:] + extent], dim=-1)
         self.end += extent
         return to, extent
 

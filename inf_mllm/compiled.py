@@ -52,8 +52,8 @@ class BufferView(CacheLayerMixin):
 
 class CompiledDecode:
     """The compiled decode step of one model, shared by its sessions (one trace serves them all while their
-    buffers have one shape). `step(cache, token)` runs it on `cache`'s buffers, or returns None where the
-    step is not plain (see the module docstring) or the buffers are full."""
+    buffers have one shape). `step(cache, token)` runs it on `cache`'s buffers once `why_not(cache)` has found
+    the step plain (see the module docstring), or returns None when the buffers are full."""
 
     def __init__(self, model):
         self.model = model
@@ -90,9 +90,8 @@ class CompiledDecode:
         return None
 
     def step(self, cache, token: torch.Tensor) -> torch.Tensor | None:
-        """The logits (B, V) after `token` (B,), its K/V written into `cache`; None if it cannot run here."""
-        if self.why_not(cache) is not None:
-            return None
+        """The logits (B, V) after `token` (B,), its K/V written into `cache`, whose step the caller found plain
+        (`why_not` is None: nothing it checks changes within an answer); None if the buffers have no free row."""
         n = cache.layers[0].get_seq_length()
         if any(n >= layer._k.capacity for layer in cache.layers):
             return None  # no free row: the eager step grows the buffers (and the next trace takes the new shape)

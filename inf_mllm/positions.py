@@ -31,9 +31,9 @@ class TurnPositions:
     extent: int
 
     @classmethod
-    def text(cls, length: int, axes: int = 3) -> "TurnPositions":
+    def text(cls, length: int) -> "TurnPositions":
         ar = torch.arange(length)
-        return cls(ar.expand(axes, length), ar, length)
+        return cls(ar.expand(3, length), ar, length)
 
     def after(self, held: int) -> "TurnPositions":
         """The turn with `held` text tokens (a held-back answer token) in front of it."""

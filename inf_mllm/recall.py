@@ -44,18 +44,20 @@ def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> S
     if cache.multimodal:  # the turn's units from 0, then its extent: the same in every layer
         top = cache.layers[0]
         turn = top.base[0, 0, top.get_seq_length() - length:].cpu()
-        own = turn - turn[0]
-        bases = torch.cat([own, torch.tensor([top.end - int(turn[0])])])
+        start = int(turn[0])
+        own = turn - start
+        bases = torch.cat([own, torch.tensor([top.end - start])])
+    own = own.to(cache.layers[0].keys.device)  # once, not in every scoring layer
     for i, layer in enumerate(cache.layers):
         n = layer.get_seq_length()
-        first = int(turn[0]) if cache.multimodal else layer.start + n - length
+        first = start if cache.multimodal else layer.start + n - length
         k = layer.keys[0, :, n - length:]  # (H, L, d), at positions first..first+L-1
         k = cache.rotations.rotate(k, torch.full((1, length), -first, device=k.device), first + 1) if first else k
         keys.append(k)
         values.append(layer.values[0, :, n - length:])
         if i not in scoring:
             continue
-        bare = rerotate(k, -own.to(k.device), cache.inv_freq)  # no RoPE (a vision token keeps its offsets in its unit)
+        bare = rerotate(k, -own, cache.inv_freq)  # no RoPE (a vision token keeps its offsets in its unit)
         h = k.shape[0]
         scores = layer.window_scores
         if scores is not None and scores.shape[-1] == n:

@@ -269,6 +269,9 @@ class StreamSession:
     @torch.inference_mode()
     def _decode(self, logits, done, eos_ids, filler, max_new_tokens, do_sample, temperature, top_p, generator):
         token = None
+        # what makes a step plain is fixed for an answer (a new turn ends it): checked once, not per token
+        compiled = self._compiled if self._compiled is not None and self._compiled.why_not(self.cache) is None \
+            else None
         try:
             for step in range(max_new_tokens):
                 t0 = self._clock()
@@ -281,7 +284,7 @@ class StreamSession:
                 if bool(done.all()) or step == max_new_tokens - 1:
                     break
                 t0 = self._clock()
-                logits = self._compiled.step(self.cache, token) if self._compiled is not None else None
+                logits = compiled.step(self.cache, token) if compiled is not None else None
                 if logits is None:
                     with self.cache.decode_step():  # this forward only: nothing is held while the answer pauses
                         out = self.model(input_ids=token[:, None], past_key_values=self.cache, use_cache=True,

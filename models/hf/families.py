@@ -188,11 +188,15 @@ class QwenVL(Family):
     def pixels(self, frames):
         if self.size is None:
             self.size = self.frame_size(*np.asarray(frames).shape[1:3])
-        return pixels.qwen_patches(np.asarray(frames), self.settings, self.size)[0]
+        return pixels.qwen_patches(np.asarray(frames), self.settings, self.size)
+
+    def _grid_of(self, patches: int, device=None) -> torch.Tensor:
+        """video_grid_thw (1, 3) of a clip of `patches` patches at this stream's frame size."""
+        _, h, w = self.grid(1)
+        return torch.tensor([[patches // (h * w), h, w]], device=device)
 
     def features(self, model, pixel_values):
-        _, h, w = self.grid(1)
-        grid = torch.tensor([[len(pixel_values) // (h * w), h, w]], device=pixel_values.device)
+        grid = self._grid_of(len(pixel_values), pixel_values.device)
         return model.model.get_video_features(pixel_values, video_grid_thw=grid).pooler_output[0]
 
     def visual_tokens(self, count):
@@ -204,9 +208,7 @@ class QwenVL(Family):
 
     def positions(self, model, ids, frame_step):
         video = ids == self.config.video_token_id
-        count = int(video.sum()) * self.settings["merge_size"] ** 2
-        _, h, w = self.grid(1)
-        grid = torch.tensor([[count // (h * w), h, w]])
+        grid = self._grid_of(int(video.sum()) * self.settings["merge_size"] ** 2)
         extra = {}
         if self.config.model_type == "qwen2_5_vl":  # time ids advance with the seconds a temporal patch spans
             extra["second_per_grid_ts"] = torch.tensor([frame_step * self.settings["temporal_patch_size"]])

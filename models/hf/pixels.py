@@ -104,10 +104,10 @@ def qwen_size(height: int, width: int, cfg: dict) -> tuple[int, int]:
     return h, w
 
 
-def qwen_patches(frames: np.ndarray, cfg: dict, size: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int, int]]:
+def qwen_patches(frames: np.ndarray, cfg: dict, size: tuple[int, int]) -> torch.Tensor:
     """Qwen-VL's video processor: frames resized to `size` (bicubic), rescaled and normalised, the last frame
     repeated to fill a temporal patch, then cut into patches flattened in the order the vision tower reads
-    them (each merge window's patches together). Returns (patches, (t, h, w) grid in patches)."""
+    them (each merge window's patches together): (t·h·w patches, channels·time·y·x)."""
     video = normalise(resize(as_video(frames), *size, cfg.get("resample", 3)), cfg)
     tps, ps, merge = cfg["temporal_patch_size"], cfg["patch_size"], cfg["merge_size"]
     if pad := -len(video) % tps:
@@ -117,4 +117,4 @@ def qwen_patches(frames: np.ndarray, cfg: dict, size: tuple[int, int]) -> tuple[
     grid = video.reshape(t, tps, channels, h // merge, merge, ps, w // merge, merge, ps)
     # (t, rows of windows, columns of windows, row in window, column in window) × (channel, time, y, x)
     patches = grid.permute(0, 3, 6, 4, 7, 2, 1, 5, 8).reshape(t * h * w, channels * tps * ps * ps)
-    return patches, (t, h, w)
+    return patches
