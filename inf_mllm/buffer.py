@@ -1,11 +1,14 @@
-"""A layer's keys or values in a preallocated buffer, written in place (issue 23).
+"""A layer's per-token rows (keys, values, or a statistic kept per token) in a preallocated buffer, written in
+place (issue 23).
 
 transformers' `DynamicLayer` appends by `torch.cat`: every decode step copies the whole layer into a new
 tensor. A bounded cache has a known largest size (its budget plus the longest turn and answer), so its
 K/V can live in a buffer of that capacity, the cache being the first `n` rows: a decode step writes one
 row, an eviction writes the kept rows back to the front, and once the buffer has seen the longest turn
 and answer nothing is allocated again (`transformers.StaticLayer` is the model). Capacity grows in steps
-of `GRAIN` rows when a turn needs more; the full cache grows the same way.
+of `GRAIN` rows when a turn needs more; the full cache grows the same way. What a layer keeps per token
+besides K/V ((B, H, n): turn ids, accumulated attention, multimodal unit bases) grows by decode steps as
+well, so it lives in the same kind of buffer: dimension 2 is always the token.
 """
 
 import torch
@@ -14,7 +17,7 @@ GRAIN = 256
 
 
 class KVBuffer:
-    """`get()` is the cache (B, H, n, D), a view of the buffer; `set(t)` makes `t` the cache, copying it
+    """`get()` is the cache (B, H, n, ...), a view of the buffer; `set(t)` makes `t` the cache, copying it
     into the buffer (a prefix of the buffer itself, as a rollback gives, only moves `n`); `append(t)` adds
     rows after the last. `static=False` keeps the dynamic layer's behaviour (a new tensor each time), for
     comparison in the same run."""
@@ -35,7 +38,7 @@ class KVBuffer:
         return 0 if self.buf is None else self.buf.shape[2]
 
     def set(self, value: torch.Tensor | None) -> None:
-        if value is None or value.dim() != 4:
+        if value is None or value.dim() < 3:  # transformers' lazy initialisation sets an empty 1-D tensor
             self.buf, self.n, self.empty = None, 0, value
             return
         if not self.static:
@@ -54,7 +57,7 @@ class KVBuffer:
 
     def append(self, new: torch.Tensor) -> torch.Tensor:
         if not self.static:
-            self.set(new if self.buf is None else torch.cat([self.buf, new], dim=-2))
+            self.set(new if self.buf is None else torch.cat([self.buf, new], dim=2))
             return self.get()
         n = self.n + new.shape[2]
         if not self._fits(new, n):
@@ -68,11 +71,11 @@ class KVBuffer:
         buffer's rows (B·H·capacity, D), several times faster on a CPU than `torch.gather` with an index
         expanded over D, which reads the index as often as the data."""
         buf = self.get() if not self.static else self.buf
-        b, h, rows, d = buf.shape
+        (b, h, rows), tail = buf.shape[:3], buf.shape[3:]
         if not buf.is_contiguous():
-            return buf.gather(2, idx.expand(b, h, -1).unsqueeze(-1).expand(b, h, -1, d))
+            return buf.gather(2, idx.expand(b, h, -1).view(b, h, -1, *(1,) * len(tail)).expand(b, h, -1, *tail))
         first = torch.arange(b * h, device=idx.device).view(b, h, 1) * rows  # each head's first row
-        return buf.view(-1, d).index_select(0, (first + idx).reshape(-1)).view(b, h, -1, d)
+        return buf.view(b * h * rows, *tail).index_select(0, (first + idx).reshape(-1)).view(b, h, -1, *tail)
 
     def fit(self) -> None:
         """Give back the capacity beyond the cache's rows (rounded up to GRAIN): after a budget is tightened."""
@@ -84,19 +87,19 @@ class KVBuffer:
     def _is_prefix(self, value) -> bool:
         b = self.buf
         return (b is not None and value.data_ptr() == b.data_ptr() and value.stride() == b.stride()
-                and value.shape[:2] == b.shape[:2] and value.shape[3] == b.shape[3])
+                and value.shape[:2] == b.shape[:2] and value.shape[3:] == b.shape[3:])
 
     def _fits(self, like: torch.Tensor, n: int) -> bool:
         b = self.buf
-        return (b is not None and n <= b.shape[2] and b.shape[:2] == like.shape[:2] and b.shape[3] == like.shape[3]
-                and b.dtype == like.dtype and b.device == like.device)
+        return (b is not None and n <= b.shape[2] and b.shape[:2] == like.shape[:2]
+                and b.shape[3:] == like.shape[3:] and b.dtype == like.dtype and b.device == like.device)
 
     def _reserve(self, like: torch.Tensor, n: int, keep: int) -> None:
         """A new buffer for at least n rows, shaped like `like`, with the first `keep` rows of the old one."""
-        b, h, _, d = like.shape
+        (b, h), tail = like.shape[:2], like.shape[3:]
         # zeros, not empty: a compiled decode step (compiled.py) reads the rows past the cache, masked, and a
         # masked NaN still poisons attention (0 × NaN)
-        grown = like.new_zeros((b, h, -(-n // GRAIN) * GRAIN, d))
+        grown = like.new_zeros((b, h, -(-n // GRAIN) * GRAIN, *tail))
         if keep:
             grown[:, :, :keep].copy_(self.buf[:, :, :keep])
         self.buf = grown

@@ -24,6 +24,24 @@ from .scoring import window_scores
 from .spec import PolicySpec, as_spec
 
 
+@contextmanager
+def one_thread(device: torch.device):
+    """Run a burst of small ops on this thread alone. An eviction is hundreds of ops on a few MB each; with
+    OpenMP's passive waiting (set by `streaming`, see there) every op wakes the pool's sleeping threads,
+    which costs more than the op: one SmolLM2 eviction at budget 1,024 took ~30 ms on 2 cores, ~15 ms on
+    one. torch's thread count is the calling thread's, so only this thread is affected (a thread started
+    meanwhile would inherit 1: the window is one eviction long)."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class ProbeDone(Exception):
     """Ends a probe forward (`StreamingCache.probe_layers`) once its last wanted layer has run."""
 
@@ -35,11 +53,16 @@ class StreamingLayer(DynamicLayer):
     layer, where every layer ends at the same position (the cache's `get_seq_length`), so the model's
     position ids and causal mask fit all layers (the attention function slices the mask per layer).
 
-    Under multimodal RoPE (`cache.multimodal`) `start` only aligns storage: the layer also keeps each token's
-    unit base (`base`, (B, 1 or H, n)) and the next position (`end`, the same in every layer); see positions.py."""
+    `turn_ids` (B, H, n), kept when the cache tracks turns (recall), says which turn each token came from;
+    linked (recalled) tokens carry -1 - span id. Under multimodal RoPE (`cache.multimodal`) `start` only
+    aligns storage: the layer also keeps each token's unit base (`base`, (B, 1 or H, n)) and the next
+    position (`end`, the same in every layer); see positions.py."""
 
     def __init__(self, layer_idx: int, cache: "StreamingCache"):
-        self._k, self._v = KVBuffer(cache.static), KVBuffer(cache.static)  # before the base class sets keys
+        # K/V and what is kept per token live in preallocated buffers (buffer.py), set before the base class
+        # sets keys; every `self.keys = ...`, `self.turn_ids = ...`, `self.base = ...` below writes into them
+        self._k, self._v, self._ids, self._base = (KVBuffer(cache.static) for _ in range(4))
+        self._stats: dict[str, KVBuffer] = {}  # per-token observer statistics (`grow_seen`)
         super().__init__()
         self.layer_idx = layer_idx
         self.cache = cache
@@ -47,15 +70,29 @@ class StreamingLayer(DynamicLayer):
         self.start = 0
         self.budget: int | None = None  # the last budget its allocator gave it
         self.seen: dict[str, torch.Tensor] = {}  # observer key -> statistic (see observers.py)
-        # which turn each cached token came from, (B, H, n); linked (recalled) tokens carry -1 - span id
-        self.turn_ids: torch.Tensor | None = None
-        self.base: torch.Tensor | None = None  # multimodal RoPE: each token's unit base
         self.end = 0  # multimodal RoPE: the position the next token takes
         self._wants: list = []  # (observer, queries) for the forward under way
 
-    # K/V live in preallocated buffers (buffer.py); every `self.keys = ...` below writes into them
     keys = property(lambda self: self._k.get(), lambda self, value: self._k.set(value))
     values = property(lambda self: self._v.get(), lambda self, value: self._v.set(value))
+    turn_ids = property(lambda self: self._ids.get(), lambda self, value: self._ids.set(value))
+    base = property(lambda self: self._base.get(), lambda self, value: self._base.set(value))
+
+    def grow_seen(self, key: str, rows: torch.Tensor) -> None:
+        """seen[key], a per-token statistic (B, H, n), with `rows` appended, in a buffer of its own: as the
+        statistic was last set (an eviction gives a tensor of its own, copied in once; the buffer's own
+        rows move nothing), not a new tensor per decode step."""
+        buf = self._stats.setdefault(key, KVBuffer(self.cache.static))
+        buf.set(self.seen.get(key))
+        self.seen[key] = buf.append(rows)
+
+    def _set_seen(self, key: str, value: torch.Tensor) -> None:
+        """seen[key] = value, written into the statistic's buffer when it has one (an eviction's kept rows)."""
+        buf = self._stats.get(key)
+        if buf is not None:
+            buf.set(value)
+            value = buf.get()
+        self.seen[key] = value
 
     @property
     def window_scores(self) -> torch.Tensor | None:
@@ -86,8 +123,7 @@ class StreamingLayer(DynamicLayer):
         """What the layer keeps per token besides K/V, grown by the `new` tokens just appended."""
         if self.cache.track_turns:
             keys = self.keys
-            tag = torch.full((*keys.shape[:2], new), self.cache.turn, dtype=torch.long, device=keys.device)
-            self.turn_ids = tag if self.turn_ids is None else torch.cat([self.turn_ids, tag], dim=-1)
+            self._ids.append(torch.full((*keys.shape[:2], new), self.cache.turn, dtype=torch.long, device=keys.device))
         if self.cache.multimodal:
             self._place(new)
         for obs in self.cache.observers:
@@ -101,8 +137,7 @@ class StreamingLayer(DynamicLayer):
                              "through StreamSession (positions=)")
         base, self.end = incoming
         rows = 1 if self.base is None else self.base.shape[1]
-        base = base.expand(self._k.get().shape[0], rows, new)
-        self.base = base if self.base is None else torch.cat([self.base, base], dim=-1)
+        self._base.append(base.expand(self._k.get().shape[0], rows, new))
 
     def window_len(self, q_len: int) -> int:
         """How many of this forward's last queries the observers want scored (0: none)."""
@@ -168,9 +203,9 @@ class StreamingLayer(DynamicLayer):
             self.keys = self._moved(keys, delta, start)
         self.values = self._v.take(idx)
         if "acc" in self.seen:
-            self.seen["acc"] = self.seen["acc"].gather(-1, idx.expand(b, h, -1))
+            self._set_seen("acc", self.seen["acc"].gather(-1, idx.expand(b, h, -1)))
         if self.turn_ids is not None:
-            self.turn_ids = self.turn_ids.gather(-1, idx.expand(b, h, -1))
+            self.turn_ids = self._ids.take(idx)
         self.start = start
 
     def _closed_up(self, idx: torch.Tensor, end: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -222,7 +257,7 @@ class StreamingLayer(DynamicLayer):
         self.keys = (zeros.scatter_add(2, where, keys) / mean).to(self.keys.dtype)
         self.values = (zeros.scatter_add(2, where, self.values.float()) / mean).to(self.values.dtype)
         if "acc" in self.seen:
-            self.seen["acc"] = torch.zeros(b, h, k, device=idx.device).scatter_add_(-1, spread, self.seen["acc"])
+            self._set_seen("acc", torch.zeros(b, h, k, device=idx.device).scatter_add_(-1, spread, self.seen["acc"]))
         if self.turn_ids is not None:
             self.turn_ids = self.turn_ids.gather(-1, idx.expand(b, h, -1))
         self.start = start
@@ -280,7 +315,7 @@ class StreamingLayer(DynamicLayer):
         acc = self.seen.get("acc")
         if acc is not None:
             zeros = torch.zeros((b, h, m), dtype=acc.dtype, device=acc.device)
-            self.seen["acc"] = torch.cat([acc[..., :at], zeros, acc[..., at:]], dim=-1)
+            self._set_seen("acc", torch.cat([acc[..., :at], zeros, acc[..., at:]], dim=-1))
 
     def _open(self, at: int, bases: torch.Tensor, extent: int) -> tuple[torch.Tensor, int]:
         """Multimodal RoPE: room for a block of unit bases `bases` and `extent` positions at index `at`, which
@@ -423,13 +458,14 @@ class StreamingCache(Cache):
         if self.budgets is None or not all(layer.is_initialized for layer in self.layers):
             return
         policy = policy or self.policy
-        views = [layer.view() for layer in self.layers]
-        budgets = policy.allocator.allocate(policy, views, self.budgets)
-        plans = []
-        for layer, view, budget in zip(self.layers, views, budgets, strict=True):
-            layer.budget = budget
-            plans.append(policy.select(view, budget) if view.n > budget else None)
-        self._apply(plans, views, policy.reducer)
+        with one_thread(self.layers[0].keys.device):
+            views = [layer.view() for layer in self.layers]
+            budgets = policy.allocator.allocate(policy, views, self.budgets)
+            plans = []
+            for layer, view, budget in zip(self.layers, views, budgets, strict=True):
+                layer.budget = budget
+                plans.append(policy.select(view, budget) if view.n > budget else None)
+            self._apply(plans, views, policy.reducer)
 
     def shrink(self, budgets: list[int]) -> None:
         """Tighten the budgets and evict down to them now (an out-of-memory retry). When the policy's
@@ -450,7 +486,8 @@ class StreamingCache(Cache):
         budgets = self.budgets if isinstance(self.policy.allocator, Uniform) else self.layer_budgets
         plans = [self.policy.decode_select(view, budget) if view.n > budget else None
                  for view, budget in zip(views, budgets, strict=True)]
-        self._apply(plans, views, "evict")
+        with one_thread(self.layers[0].keys.device):
+            self._apply(plans, views, "evict")
 
     def _apply(self, plans: list, views: list[LayerView], reducer: str) -> None:
         """Every layer reduced to its plan, all ending at one position: the longest layer starts at 0."""

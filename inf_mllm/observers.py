@@ -56,9 +56,7 @@ class AccumulatedObserver(Observer):
 
     def grow(self, layer, new):
         keys = layer.keys
-        pad = torch.zeros((*keys.shape[:2], new), dtype=torch.float32, device=keys.device)
-        acc = layer.seen.get("acc")
-        layer.seen["acc"] = pad if acc is None else torch.cat([acc, pad], dim=-1)
+        layer.grow_seen("acc", torch.zeros((*keys.shape[:2], new), dtype=torch.float32, device=keys.device))
 
     def record(self, layer, scores, l, query, keys, scaling):
         layer.seen["window"] = scores

@@ -1,5 +1,6 @@
-"""K/V in preallocated buffers (inf_mllm/buffer.py): the same session as transformers' dynamic layers give,
-written in place, and a bounded cache that stops allocating once it has seen its longest turn and answer."""
+"""K/V and per-token statistics in preallocated buffers (inf_mllm/buffer.py): the same session as
+transformers' dynamic layers give, written in place, and a bounded cache that stops allocating once it
+has seen its longest turn and answer."""
 
 import pytest
 import torch
@@ -46,6 +47,36 @@ def test_a_bounded_session_stops_allocating_after_its_longest_turn_and_answer(sm
         if turn > 10:
             assert layer._k.buf is buffers[0] and layer._v.buf is buffers[1], turn
     assert layer._k.capacity == -(-(256 + 96 + 24) // GRAIN) * GRAIN  # budget + longest turn + longest answer
+
+
+@pytest.mark.parametrize("policy", ["h2o", "inf_mllm+recall"])
+def test_what_layers_keep_per_token_grows_in_its_buffer_and_equals_the_dynamic_layers(smol, policy, tmp_path):
+    """Turn ids (recall) and accumulated attention (H2O) grow by every decode step: in place, not by a new
+    tensor per step, and equal to what the dynamic layers (torch.cat) keep."""
+    model, tok = smol
+    ids = torch.randint(100, 20000, (1, 500), generator=torch.Generator().manual_seed(4))
+    kwargs = {"window": 16} if policy.startswith("inf_mllm") else {}
+    static = StreamSession(model, tok, policy, budget=128, store=tmp_path / "s", **kwargs)
+    dynamic = StreamSession(model, tok, policy, budget=128, store=tmp_path / "d", static=False, **kwargs)
+    key = "acc" if policy == "h2o" else None
+    layer = static.cache.layers[1]
+    for start in range(0, 500, 100):
+        dynamic.append(ids[:, start:start + 100])
+        want = [int(t[0]) for t in dynamic.generate(8, eos_token_id=[])]
+        static.append(ids[:, start:start + 100])
+        answer = static.generate(8, eos_token_id=[])
+        got = [int(next(answer)[0]), int(next(answer)[0])]  # two steps: the statistic has grown into its buffer
+        kept = layer.seen[key] if key else layer.turn_ids
+        for token in answer:
+            got.append(int(token[0]))
+            grown = layer.seen[key] if key else layer.turn_ids
+            assert grown.data_ptr() == kept.data_ptr() and grown.shape[2] == layer.keys.shape[2]
+        assert got == want
+        for mine, theirs in zip(static.cache.layers, dynamic.cache.layers, strict=True):
+            if key:
+                assert torch.allclose(mine.seen[key], theirs.seen[key], atol=1e-4)
+            else:
+                assert torch.equal(mine.turn_ids, theirs.turn_ids)
 
 
 def test_buffer_writes_in_place_and_takes_back_a_prefix_without_copying():
