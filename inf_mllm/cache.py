@@ -259,7 +259,7 @@ class StreamingLayer(DynamicLayer):
         if "acc" in self.seen:
             self._set_seen("acc", torch.zeros(b, h, k, device=idx.device).scatter_add_(-1, spread, self.seen["acc"]))
         if self.turn_ids is not None:
-            self.turn_ids = self.turn_ids.gather(-1, idx.expand(b, h, -1))
+            self.turn_ids = self._ids.take(idx)
         self.start = start
 
     def shift(self, start: int, end: int | None = None) -> None:
