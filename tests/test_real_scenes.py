@@ -11,6 +11,7 @@ import torch
 from benchmarks.real_scenes import clip_frames, hallucinates, photo
 from models.tiny_vlm.labels import (
     NOTHING,
+    PERSON,
     THRESHOLD,
     clip_labels,
     display,
@@ -53,20 +54,39 @@ def test_unsupported_names_only_what_the_labels_lack():
     assert hallucinates("is there a bicycle?", "yes", labels) and not hallucinates("is there a cat?", "yes", labels)
 
 
-def test_label_questions_follow_the_labels():
+@pytest.mark.parametrize("more", [False, True], ids=["frame-words", "more-words"])
+def test_label_questions_follow_the_labels(more):
     rng = random.Random(0)
     for _ in range(2000):
-        labels = random_labels(rng)
-        question, answer, kind = label_question(rng, labels)
+        labels = random_labels(rng, more)
+        question, answer, kind = label_question(rng, labels, more, tenses=more)
         if kind == "what":
-            assert answer == listing(labels)
+            assert answer == listing(labels, more)
         elif kind == "is":
-            thing = re.fullmatch(r"(?:is there|do you see|can you see|did you see) an? (.+?)(?: in the video)?\?",
+            thing = re.fullmatch(r"(?:is there|do you see|can you see|did you see) an? (.+?)(?: in the video| now)?\?",
                                  question).group(1)
             if thing not in ("animal", "vehicle", "food"):
-                assert (answer == "yes") == (not unsupported(thing, labels)), (question, answer, listing(labels))
+                assert (answer == "yes") == (not unsupported(thing, labels, more)), (question, answer, listing(labels))
         elif kind == "which":
-            assert answer.startswith("no ") or not unsupported(answer, labels), (question, answer)
+            assert answer.startswith("no ") or not unsupported(answer, labels, more), (question, answer)
+
+
+def test_an_unnamed_did_you_see_asks_about_every_clip_so_far():
+    """"did you see a person?" is yes when any clip so far held one; "is there a person now?" asks about
+    the clip on screen only."""
+    rng = random.Random(0)
+    answers: dict[str, set[str]] = {"ever": set(), "now": set()}
+    for _ in range(3000):
+        labels = random_labels(rng, True)
+        question, answer, _ = label_question(rng, labels, True, seen=((PERSON,), labels), tenses=True)
+        on_screen = not unsupported("person", labels, True)
+        if question == "did you see a person?":
+            assert answer == "yes", listing(labels, True)
+            answers["ever"].add(answer)
+        elif question == "is there a person now?":
+            assert (answer == "yes") == on_screen, listing(labels, True)
+            answers["now"].add(answer)
+    assert answers == {"ever": {"yes"}, "now": {"yes", "no"}}  # both kinds were asked, "now" both ways
 
 
 @pytest.fixture(scope="module")

@@ -132,3 +132,32 @@ def test_training_episodes_hold_runs_of_clips_with_no_question_between_them():
         assert kinds.count("c") == 8 and len(kinds) - len(kinds.rstrip("a")) >= 3  # ≥ 3 after the last clip
         longest = max(longest, max(len(run) for run in kinds.split("a") if run))
     assert longest == 8  # with no questions on the way, all eight clips arrive before the questions
+
+
+def test_passes_sorted_by_length_give_the_one_padded_pass_loss_and_gradients():
+    """Training sends a batch through the LLM in passes of `rows_per_pass` episodes sorted by length
+    (about 30% less padding); the loss and its gradients must stay those of one padded pass."""
+    from models.tiny_vlm.data import features, group_by_image, sample_episode
+    from models.tiny_vlm.episodes import EpisodeBuilder
+    from models.tiny_vlm.model import TinyVLM
+    from models.tiny_vlm.train import loss_on
+
+    torch.manual_seed(0)
+    vlm = TinyVLM(trained=False, labels="none")
+    vlm.model.requires_grad_(False)
+    vlm.projector.train()
+    builder = EpisodeBuilder(vlm, features("test"))
+    rng = random.Random(0)
+    by_image = group_by_image(questions("test"))
+    episodes = [sample_episode(rng, by_image, k, asks_per_clip=0.6, final_asks=2) for k in (1, 4, 2, 3)]
+    results = []
+    for rows in (0, 2, 1):
+        vlm.projector.zero_grad(set_to_none=True)
+        loss = loss_on(vlm, vlm.model.model, builder, episodes, rows_per_pass=rows)
+        loss.backward()
+        results.append((float(loss.detach()), torch.cat([p.grad.flatten() for p in vlm.projector.parameters()])))
+    lengths = {builder.embed(builder.pieces(e.turns))[0].shape[0] for e in episodes}
+    assert len(lengths) == 4  # the passes really pad differently
+    for loss, grad in results[1:]:
+        assert loss == pytest.approx(results[0][0], rel=1e-5)
+        assert torch.allclose(grad, results[0][1], rtol=1e-3, atol=1e-6)

@@ -84,6 +84,7 @@ def evaluate_labels(vlm, builder, frames: dict[int, tuple], n: int = 300, contex
     from .scenes import label_question, random_labels
 
     rng = random.Random(seed)
+    more = vlm.perception.more_words  # label sets and answers in the words its clip turns use
     hits: dict[str, list[bool]] = defaultdict(list)
     ids = sorted(frames)
     bar = tqdm(total=n * len(contexts), desc="tiny-vlm label eval", unit="q", disable=not progress)
@@ -93,9 +94,10 @@ def evaluate_labels(vlm, builder, frames: dict[int, tuple], n: int = 300, contex
             content = []
             for _ in range(k):
                 frame = rng.choice(ids)
-                content.append((frame, random_labels(rng) if rng.random() < 0.75 else frames[frame]))
+                labels = random_labels(rng, more) if rng.random() < 0.75 else frames[frame]
+                content.append((frame, vlm.fit_labels(labels)))  # what the turn holds
             j = rng.randrange(k)
-            text, answer, kind = label_question(rng, content[j][1])
+            text, answer, kind = label_question(rng, content[j][1], more)
             turns = [("clip", f, labels) for f, labels in content]
             rows.append((turns + [("ask", text if k == 1 else named_text(text, j + 1), answer)], kind))
         for start in range(0, n, batch):

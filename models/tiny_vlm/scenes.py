@@ -8,6 +8,12 @@ random from the 1,000 ImageNet classes, or with the frame's own labels. The mode
 "what is in the video?", "is there a bicycle?", "what animal did you see?" from the words of the
 named clip's labels, whatever its pixels show. easy-VQA images carry their own classifier labels
 (mostly "nothing recognised"), so both kinds of clip share one turn format.
+
+`more`: label sets, questions and answers in the words of a perception with `more_words` (a unicycle is
+a bicycle, a suit shows a person, and `PERSON` is a label), as the clip turns of such a perception read.
+With `tenses`, questions use a viewer's tenses: "is there a cat now?" asks about the clip on screen,
+an unnamed "did you see a cat?" about every clip so far (measured in the results README; not in the
+committed weights' recipe).
 """
 
 import importlib.util
@@ -25,7 +31,7 @@ from inf_mllm import AssetError
 from inf_mllm.loader import cache_dir
 
 from .data import Episode, asks_after, data_hash, image_paths, load_image, named_text, pick_question, save_atomic
-from .labels import categories, clip_labels, general_words, listing, names, words_of
+from .labels import PERSON, categories, clip_labels, general_words, listing, more_words, names, words_of
 
 SCENE_VIDEOS = {"train": "bigbuckbunny.mp4", "test": "carphone_pristine.mp4"}
 FIRST_ID = {"train": 100_000, "test": 200_000}  # scene frame ids, apart from easy-VQA's image ids
@@ -35,6 +41,8 @@ WHAT = ("what is in the video?", "what do you see?", "what is in this clip?", "w
         "what is on screen?", "what is there?")
 IS_THERE = ("is there {} {}?", "do you see {} {}?", "is there {} {} in the video?", "can you see {} {}?",
             "did you see {} {}?")
+NOW_WHAT, NOW_IS = ("what do you see now?", "what is on screen now?"), ("is there {} {} now?",)  # with `tenses`
+EVER = "did you see {} {}?"  # with `tenses`, unnamed, it asks about every clip so far
 WHICH = {"animal": ("what animal did you see?", "what animal is in the video?", "which animal is it?"),
          "vehicle": ("what vehicle did you see?", "what vehicle is in the video?"),
          "food": ("what food did you see?", "what food is in the video?")}
@@ -44,46 +52,63 @@ def article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
 
-def label_question(rng: random.Random, labels: tuple[int, ...]) -> tuple[str, str, str]:
-    """(question, answer, kind) about a clip with these labels; kind is "what", "is" or "which"."""
+def label_question(rng: random.Random, labels: tuple[int, ...], more: bool = False,
+                   seen: tuple[tuple[int, ...], ...] | None = None, tenses: bool = False) -> tuple[str, str, str]:
+    """(question, answer, kind) about a clip with these labels; kind is "what", "is" or "which".
+    `seen`: the label sets of every clip so far, for an unnamed question, which "did you see …?" is
+    about (its answer is "yes" when any of them holds the thing)."""
+    what, is_there = (WHAT + NOW_WHAT, IS_THERE + NOW_IS) if tenses else (WHAT, IS_THERE)
     r = rng.random()
     if r < 0.3:
-        return rng.choice(WHAT), listing(labels), "what"
+        return rng.choice(what), listing(labels, more), "what"
     if r < 0.8:
         if labels and rng.random() < 0.5:
-            word, answer = rng.choice(sorted(words_of(rng.choice(labels)))), "yes"
+            word, answer = rng.choice(sorted(words_of(rng.choice(labels), more))), "yes"
         elif rng.random() < 0.1:
             kind = rng.choice(sorted(WHICH))
             word = kind
             answer = "yes" if any(i in categories()[kind] for i in labels) else "no"
         else:
-            allowed = set().union(*(words_of(i) for i in labels)) if labels else set()
+            allowed = _words(labels, more)
+            classes = len(names()) + (1 if more else 0)  # with `more`, PERSON (= 1000) too
             while True:
-                word = rng.choice(sorted(words_of(rng.randrange(len(names())))))
+                word = rng.choice(sorted(words_of(rng.randrange(classes), more)))
                 if word not in allowed and not any(word in a.split() or word == a for a in allowed):
                     break
             answer = "no"
-        return rng.choice(IS_THERE).format(article(word), word), answer, "is"
+        wording = rng.choice(is_there)
+        if tenses and seen is not None and wording == EVER and answer == "no" and word not in WHICH:
+            answer = "yes" if any(word in _words(other, more) for other in seen if other) else "no"
+        return wording.format(article(word), word), answer, "is"
     present = [k for k in sorted(WHICH) if any(i in categories()[k] for i in labels)]
     kind = rng.choice(present) if present and rng.random() < 0.7 else rng.choice(sorted(WHICH))
     found = tuple(i for i in labels if i in categories()[kind])
-    return rng.choice(WHICH[kind]), listing(found) if found else f"no {kind}", "which"
+    return rng.choice(WHICH[kind]), listing(found, more) if found else f"no {kind}", "which"
 
 
-_NAMEABLE = None
+def _words(labels, more: bool) -> set[str]:
+    return set().union(*(words_of(i, more) for i in labels)) if labels else set()
 
 
-def random_labels(rng: random.Random) -> tuple[int, ...]:
-    """0–3 distinct classes, half of them from the classes with an everyday word or a category."""
-    global _NAMEABLE
-    if _NAMEABLE is None:
-        _NAMEABLE = sorted(set(general_words()) | categories()["vehicle"] | categories()["food"])
+_NAMEABLE: dict[bool, list[int]] = {}
+PERSON_SHARE = 0.15  # label sets holding `PERSON` (only a face detector names it, so it is not in the pool)
+
+
+def random_labels(rng: random.Random, more: bool = False) -> tuple[int, ...]:
+    """0–3 distinct classes, half of them from the classes with an everyday word or a category (with
+    `more`: `more_words` too, and `PERSON` in `PERSON_SHARE` of the sets)."""
+    if more not in _NAMEABLE:
+        nameable = set(general_words()) | categories()["vehicle"] | categories()["food"]
+        _NAMEABLE[more] = sorted(nameable | set(more_words()) if more else nameable)
     n = rng.choices((0, 1, 2, 3), weights=(0.15, 0.45, 0.25, 0.15))[0]
     out: list[int] = []
     while len(out) < n:
-        i = rng.choice(_NAMEABLE) if rng.random() < 0.5 else rng.randrange(len(names()))
+        i = rng.choice(_NAMEABLE[more]) if rng.random() < 0.5 else rng.randrange(len(names()))
         if i not in out:
             out.append(i)
+    if more and rng.random() < PERSON_SHARE and PERSON not in out:  # a face: "person" alone or beside things
+        out.insert(rng.randrange(len(out) + 1), PERSON)
+        out = out[:3]
     return tuple(out)
 
 
@@ -196,9 +221,12 @@ class SceneMix:
 
 def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict, frames: dict, clips: int,
                          mix: SceneMix, asks_per_clip: float = 1.0, plain_share: float = 0.3, max_first: int = 1,
-                         type_weights: dict | None = None, yes_no=None, final_asks: int = 1) -> Episode:
+                         type_weights: dict | None = None, yes_no=None, final_asks: int = 1,
+                         more: bool = False, fit=None, tenses: bool = False) -> Episode:
     """Like `data.sample_episode`, with clip turns ("clip", id, labels or None) and, in `mix.share` of the
-    episodes, scene clips whose questions are about their labels."""
+    episodes, scene clips whose questions are about their labels. `fit`: the labels a clip turn can hold
+    (`TinyVLM.fit_labels`), so that answers name only what the turn says."""
+    fit = fit or tuple
     scenes = rng.random() < mix.share
     images = rng.sample(sorted(by_image), clips)
     scene_at = {k for k in range(clips) if scenes and rng.random() < mix.scene_clip}
@@ -208,9 +236,10 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
     for k in range(clips):
         if k in scene_at:
             frame = rng.choice(sorted(frames))
-            content.append((True, frame, frames[frame] if rng.random() < mix.own_labels else random_labels(rng)))
+            labels = frames[frame] if rng.random() < mix.own_labels else random_labels(rng, more)
+            content.append((True, frame, fit(labels)))
         else:
-            labels = None if rng.random() < mix.drop_labels else image_labels.get(images[k], ())
+            labels = None if rng.random() < mix.drop_labels else fit(image_labels.get(images[k], ()))
             content.append((False, images[k], labels))
     first = 1 if max_first <= 1 or rng.random() < 0.5 else rng.randint(2, max_first)
     turns, answered = [], set()
@@ -219,8 +248,10 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
         for _ in range(asks_after(rng, k, clips, asks_per_clip, final_asks)):
             j = k if rng.random() < 0.4 else rng.randint(1, k)
             scene, key_j, labels_j = content[j - 1]
+            plain = (j == k and rng.random() < plain_share) if tenses else None  # drawn first: "did you see"
             if scene or (labels_j is not None and rng.random() < mix.label_asks):
-                text, answer, _ = label_question(rng, labels_j)
+                seen = tuple(c[2] for c in content[:k]) if plain else None
+                text, answer, _ = label_question(rng, labels_j, more, seen, tenses)
             else:
                 weights = type_weights
                 if yes_no and type_weights and j in answered:
@@ -228,6 +259,8 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
                 answered.add(j)
                 q = pick_question(rng, by_image[key_j], weights, yes_no)
                 text, answer = q.text, q.answer
-            text = text if j == k and rng.random() < plain_share else named_text(text, first + j - 1)
+            if plain is None:
+                plain = j == k and rng.random() < plain_share
+            text = text if plain else named_text(text, first + j - 1)
             turns.append(("ask", text, answer))
     return Episode(turns, first)

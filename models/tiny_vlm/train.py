@@ -33,7 +33,7 @@ from .scenes import SceneMix, easy_labels, sample_scene_episode, scene_frames
 @dataclass
 class TrainConfig:
     seed: int = 0
-    steps: int = 200
+    steps: int = 200  # 27–28 min for the viewer recipe on a 2-core Xeon with rows_per_pass=2 (the budget is 45)
     batch: int = 8
     clips: tuple = (1, 1, 2, 4, 6, 8, 8, 8)  # episode lengths, drawn uniformly: most are long videos
     asks_per_clip: tuple = (0.0, 0.3, 0.6, 1.0)  # drawn per episode: runs of clips with no question between
@@ -55,7 +55,10 @@ class TrainConfig:
     caption_images: int = 16  # on this many of the step's clips (the loss costs a vocabulary-wide softmax)
     bf16: bool = True  # autocast: about 3× faster on CPUs with AVX512-BF16, weights stay fp32
     threads: int = 0  # 0: torch's default
+    rows_per_pass: int = 2  # episodes per LLM pass, sorted by length (0: the whole batch, padded to its longest)
     labels: str = "text"  # the clip's classifier labels in its turn: "text", "pooled" or "none" (see TinyVLM)
+    label_words: str = "frame"  # the perception whose words label text and answers use ("tiles+person": more)
+    tenses: bool = False  # "is there X now?" / unnamed "did you see X?" over every clip so far (scenes.py)
     scenes: dict = field(default_factory=lambda: asdict(SceneMix()))  # episodes with label questions
     scene_frames: int = 64  # real video frames whose features scene clips use
     clip_end_anchor: bool = False  # close each clip turn with "End of clip N." (see TinyTurns)
@@ -110,12 +113,22 @@ def caption_stage(vlm, caption: CaptionLoss, cfg: TrainConfig, rng: random.Rando
     return float(loss.detach())
 
 
-def loss_on(vlm, llm, builder, episodes):
-    embeds, targets, mask = pad_batch(builder.embed_batch([builder.pieces(e.turns, first=e.first) for e in episodes]))
-    hidden = llm(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
-    keep = targets != IGNORE
-    logits = vlm.model.lm_head(hidden[keep])  # only where an answer token is predicted
-    return torch.nn.functional.cross_entropy(logits.float(), targets[keep])
+def loss_on(vlm, llm, builder, episodes, rows_per_pass: int = 0):
+    """Mean cross-entropy over the batch's answer tokens. With `rows_per_pass`, episodes go through
+    the LLM in passes of that many, sorted by length, so each pass pads only to its own longest
+    (an 8-episode batch of 1–8 clips is ~40% padding in one pass); the loss is the same mean."""
+    items = builder.embed_batch([builder.pieces(e.turns, first=e.first) for e in episodes])
+    order = sorted(range(len(items)), key=lambda i: items[i][0].shape[0])
+    step = rows_per_pass or len(items)
+    total, count = 0.0, 0
+    for start in range(0, len(order), step):
+        embeds, targets, mask = pad_batch([items[i] for i in order[start:start + step]])
+        hidden = llm(inputs_embeds=embeds, attention_mask=mask).last_hidden_state
+        keep = targets != IGNORE
+        logits = vlm.model.lm_head(hidden[keep])  # only where an answer token is predicted
+        total = total + torch.nn.functional.cross_entropy(logits.float(), targets[keep], reduction="sum")
+        count += int(keep.sum())
+    return total / count
 
 
 def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -> dict:
@@ -124,7 +137,7 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     vlm = TinyVLM(trained=False, snap_to_vocabulary=cfg.snap_to_vocabulary, labels=cfg.labels, device=device,
-                  clip_end_anchor=cfg.clip_end_anchor)
+                  clip_end_anchor=cfg.clip_end_anchor, perception=cfg.label_words)
     cfg.data = {"easy_vqa_train_sha256": data_hash("train"), "easy_vqa_test_sha256": data_hash("test")}
     train_feats = features("train")
     by_image = group_by_image(questions("train"))
@@ -162,11 +175,13 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
                            final_asks=cfg.final_asks, max_first=cfg.max_first_clip, type_weights=cfg.type_weights,
                            yes_no=yes_no if cfg.balanced_yes_no else None)
                 if scenes:
-                    episodes.append(sample_scene_episode(rng, by_image, image_labels, frame_labels, k, mix, **ask))
+                    episodes.append(sample_scene_episode(rng, by_image, image_labels, frame_labels, k, mix,
+                                                         more=vlm.perception.more_words, fit=vlm.fit_labels,
+                                                         tenses=cfg.tenses, **ask))
                 else:
                     episodes.append(sample_episode(rng, by_image, k, **ask))
             with torch.autocast(vlm.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-                loss = loss_on(vlm, llm, builder, episodes)
+                loss = loss_on(vlm, llm, builder, episodes, cfg.rows_per_pass)
                 if caption and cfg.caption_weight:
                     images = [t[1] for e in episodes for t in e.turns if t[0] == "clip" and t[1] in caption.labels]
                     images = rng.sample(images, min(cfg.caption_images, len(images)))
