@@ -162,6 +162,11 @@ def words_of(i: int, more: bool = False) -> frozenset[str]:
     return frozenset({names()[i].lower()} | ({word} if word else set()))
 
 
+def words_of_all(labels, more: bool = False) -> set[str]:
+    """Every word a question or an answer may use for any of these labels."""
+    return set().union(*(words_of(i, more) for i in labels)) if labels else set()
+
+
 def mentioned(text: str, more: bool = False) -> set[int]:
     """Class ids whose name or everyday word `text` contains as whole words (lower case); with `more`,
     `more_words` and `PERSON` ("person") too."""
@@ -177,6 +182,6 @@ def _contains(text: str, word: str) -> bool:
 def unsupported(answer: str, labels, more: bool = False) -> set[str]:
     """Thing names in `answer` (ImageNet names and everyday words) that the clip's labels do not back:
     neither one of their words nor a whole word inside one ("cat" in "tabby cat")."""
-    allowed = set().union(*(words_of(i, more) for i in labels)) if labels else set()
+    allowed = words_of_all(labels, more)
     found = {w for i in mentioned(answer, more) for w in words_of(i, more) if _contains(answer.lower(), w)}
     return {w for w in found if w not in allowed and not any(_contains(a, w) for a in allowed)}

@@ -31,7 +31,7 @@ from inf_mllm import AssetError
 from inf_mllm.loader import cache_dir
 
 from .data import Episode, asks_after, data_hash, image_paths, load_image, named_text, pick_question, save_atomic
-from .labels import PERSON, categories, clip_labels, general_words, listing, more_words, names, words_of
+from .labels import PERSON, categories, clip_labels, general_words, listing, more_words, names, words_of, words_of_all
 
 SCENE_VIDEOS = {"train": "bigbuckbunny.mp4", "test": "carphone_pristine.mp4"}
 FIRST_ID = {"train": 100_000, "test": 200_000}  # scene frame ids, apart from easy-VQA's image ids
@@ -69,7 +69,7 @@ def label_question(rng: random.Random, labels: tuple[int, ...], more: bool = Fal
             word = kind
             answer = "yes" if any(i in categories()[kind] for i in labels) else "no"
         else:
-            allowed = _words(labels, more)
+            allowed = words_of_all(labels, more)
             classes = len(names()) + (1 if more else 0)  # with `more`, PERSON (= 1000) too
             while True:
                 word = rng.choice(sorted(words_of(rng.randrange(classes), more)))
@@ -78,16 +78,12 @@ def label_question(rng: random.Random, labels: tuple[int, ...], more: bool = Fal
             answer = "no"
         wording = rng.choice(is_there)
         if tenses and seen is not None and wording == EVER and answer == "no" and word not in WHICH:
-            answer = "yes" if any(word in _words(other, more) for other in seen if other) else "no"
+            answer = "yes" if any(word in words_of_all(other, more) for other in seen if other) else "no"
         return wording.format(article(word), word), answer, "is"
     present = [k for k in sorted(WHICH) if any(i in categories()[k] for i in labels)]
     kind = rng.choice(present) if present and rng.random() < 0.7 else rng.choice(sorted(WHICH))
     found = tuple(i for i in labels if i in categories()[kind])
     return rng.choice(WHICH[kind]), listing(found, more) if found else f"no {kind}", "which"
-
-
-def _words(labels, more: bool) -> set[str]:
-    return set().union(*(words_of(i, more) for i in labels)) if labels else set()
 
 
 _NAMEABLE: dict[bool, list[int]] = {}
