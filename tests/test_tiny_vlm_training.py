@@ -161,3 +161,28 @@ def test_passes_sorted_by_length_give_the_one_padded_pass_loss_and_gradients():
     for loss, grad in results[1:]:
         assert loss == pytest.approx(results[0][0], rel=1e-5)
         assert torch.allclose(grad, results[0][1], rtol=1e-3, atol=1e-6)
+
+
+def test_continued_training_starts_from_the_weights_files_lora_and_refuses_another_rank():
+    """`TrainConfig.init`: a new recipe learnt on top of trained weights starts from exactly their LoRA
+    (what `lora_tensors` saves is what it loaded), and a LoRA of another shape is refused, not truncated."""
+    from dataclasses import replace
+
+    from safetensors.torch import load_file
+
+    from inf_mllm import load_model
+    from models.tiny_vlm.model import WEIGHTS
+    from models.tiny_vlm.train import TrainConfig, add_lora, lora_tensors, set_lora
+
+    saved = load_file(WEIGHTS / "tiny_vlm.safetensors")
+    lora = {k: v for k, v in saved.items() if k.startswith("lora.")}
+    model, _ = load_model("smollm2")
+    peft_model = add_lora(model, TrainConfig())
+    assert all(not torch.equal(v, lora[k]) for k, v in lora_tensors(peft_model).items() if k.endswith("lora_A"))
+    set_lora(peft_model, saved)
+    loaded = lora_tensors(peft_model)
+    assert loaded.keys() == lora.keys() and len(loaded) >= 60
+    assert all(torch.equal(loaded[k], lora[k]) for k in lora)
+    other, _ = load_model("smollm2")
+    with pytest.raises(ValueError, match="lora_rank"):
+        set_lora(add_lora(other, replace(TrainConfig(), lora_rank=4)), saved)

@@ -6,12 +6,14 @@ videos of 1–8 easy-VQA train images with questions on the current or an earlie
 after each clip, three after the last, so runs of clips arrive unasked about), in the exact
 turn format of a streaming session: each clip turn ends with the classifier's labels as text, and
 some episodes hold scene clips (real video frames with ImageNet label sets) asked about their labels
-(`scenes.py`). `--device cuda` trains on a GPU; `--set KEY=JSON` overrides any `TrainConfig` field.
+(`scenes.py`). `--device cuda` trains on a GPU; `--set KEY=JSON` overrides any `TrainConfig` field;
+`--set init='"DIR"'` continues from trained weights (a new recipe on top of one that works).
 Writes `weights/`: tiny_vlm.safetensors (projector + LoRA), config.json (this config and the data
 hashes) and metrics.json (held-out accuracy).
 """
 
 import argparse
+import hashlib
 import json
 import math
 import random
@@ -21,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from .data import YesNoQuestions, data_hash, features, group_by_image, questions, sample_episode
@@ -62,6 +64,7 @@ class TrainConfig:
     scenes: dict = field(default_factory=lambda: asdict(SceneMix()))  # episodes with label questions
     scene_frames: int = 64  # real video frames whose features scene clips use
     clip_end_anchor: bool = False  # close each clip turn with "End of clip N." (see TinyTurns)
+    init: str = ""  # a weights folder whose projector and LoRA training continues from (no caption stage)
     data: dict = field(default_factory=dict)
 
 
@@ -73,14 +76,30 @@ def add_lora(model, cfg: TrainConfig):
     return get_peft_model(model, config)
 
 
+def lora_modules(peft_model) -> dict:
+    """LoRA layers by the plain model's module names (those `merge_lora` and the weights file use)."""
+    return {name.removeprefix("base_model.model."): module for name, module in peft_model.named_modules()
+            if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {})}
+
+
+def set_lora(peft_model, tensors: dict[str, torch.Tensor]) -> None:
+    """Start the LoRA layers from a weights file's `lora.*` tensors (the inverse of `lora_tensors`)."""
+    for base, module in lora_modules(peft_model).items():
+        for part in ("lora_A", "lora_B"):
+            weight, saved = getattr(module, part)["default"].weight, tensors[f"lora.{base}.{part}"]
+            if weight.shape != saved.shape:
+                raise ValueError(f"init weights: {base}.{part} is {tuple(saved.shape)}, this config's LoRA "
+                                 f"{tuple(weight.shape)} (lora_rank and lora_targets must match)")
+            with torch.no_grad():
+                weight.copy_(saved)
+
+
 def lora_tensors(peft_model) -> dict[str, torch.Tensor]:
     """LoRA A/B weights under the plain model's module names, for `merge_lora` at load time."""
     out = {}
-    for name, module in peft_model.named_modules():
-        if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
-            base = name.removeprefix("base_model.model.")
-            out[f"lora.{base}.lora_A"] = module.lora_A["default"].weight.detach().clone().contiguous()
-            out[f"lora.{base}.lora_B"] = module.lora_B["default"].weight.detach().clone().contiguous()
+    for base, module in lora_modules(peft_model).items():
+        out[f"lora.{base}.lora_A"] = module.lora_A["default"].weight.detach().clone().contiguous()
+        out[f"lora.{base}.lora_B"] = module.lora_B["default"].weight.detach().clone().contiguous()
     return out
 
 
@@ -139,6 +158,13 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
     vlm = TinyVLM(trained=False, snap_to_vocabulary=cfg.snap_to_vocabulary, labels=cfg.labels, device=device,
                   clip_end_anchor=cfg.clip_end_anchor, perception=cfg.label_words)
     cfg.data = {"easy_vqa_train_sha256": data_hash("train"), "easy_vqa_test_sha256": data_hash("test")}
+    start = None
+    if cfg.init:
+        start_file = Path(cfg.init) / "tiny_vlm.safetensors"
+        start = load_file(start_file)
+        vlm.projector.load_state_dict({k.removeprefix("projector."): v.float() for k, v in start.items()
+                                       if k.startswith("projector.")})
+        cfg.data["init_sha256"] = hashlib.sha256(start_file.read_bytes()).hexdigest()
     train_feats = features("train")
     by_image = group_by_image(questions("train"))
     yes_no = YesNoQuestions(questions("train"))
@@ -154,8 +180,10 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
     caption, caption_loss = None, None
     if cfg.snap_to_vocabulary and cfg.caption_steps:
         caption = CaptionLoss(vlm, train_feats, yes_no.labels)
-        caption_loss = caption_stage(vlm, caption, cfg, rng)
+        caption_loss = None if start else caption_stage(vlm, caption, cfg, rng)
     peft_model = add_lora(vlm.model, cfg)
+    if start:
+        set_lora(peft_model, start)
     llm = peft_model.base_model.model.model  # the LlamaModel with LoRA layers inside
     lora_params = [p for n, p in peft_model.named_parameters() if "lora_" in n]
     optim = torch.optim.AdamW([{"params": vlm.projector.parameters(), "lr": cfg.lr},
