@@ -186,3 +186,13 @@ def test_continued_training_starts_from_the_weights_files_lora_and_refuses_anoth
     other, _ = load_model("smollm2")
     with pytest.raises(ValueError, match="lora_rank"):
         set_lora(add_lora(other, replace(TrainConfig(), lora_rank=4)), saved)
+
+
+def test_continuing_from_a_folder_without_weights_is_a_one_line_error(tmp_path, capsys):
+    from models.tiny_vlm.train import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--out", str(tmp_path / "w"), "--set", f'init="{tmp_path}"'])
+    assert stop.value.code == 2
+    assert f"--set init: no tiny_vlm.safetensors in {tmp_path}" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()

@@ -271,6 +271,8 @@ def main(argv=None) -> int:
         if not hasattr(cfg, key):
             parser.error(f"--set: TrainConfig has no field {key!r}")
         setattr(cfg, key, json.loads(value))
+    if cfg.init and not (Path(cfg.init) / "tiny_vlm.safetensors").is_file():
+        parser.error(f"--set init: no tiny_vlm.safetensors in {cfg.init}")
     try:
         metrics = train(cfg, args.out, args.eval, device=args.device)
     except KeyboardInterrupt:
