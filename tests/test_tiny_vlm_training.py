@@ -171,21 +171,22 @@ def test_continued_training_starts_from_the_weights_files_lora_and_refuses_anoth
     from safetensors.torch import load_file
 
     from inf_mllm import load_model
-    from models.tiny_vlm.model import WEIGHTS
+    from models.tiny_vlm.model import WEIGHTS, split_weights
     from models.tiny_vlm.train import TrainConfig, add_lora, lora_tensors, set_lora
 
     saved = load_file(WEIGHTS / "tiny_vlm.safetensors")
+    _, start = split_weights(saved)
     lora = {k: v for k, v in saved.items() if k.startswith("lora.")}
     model, _ = load_model("smollm2")
     peft_model = add_lora(model, TrainConfig())
     assert all(not torch.equal(v, lora[k]) for k, v in lora_tensors(peft_model).items() if k.endswith("lora_A"))
-    set_lora(peft_model, saved)
+    set_lora(peft_model, start)
     loaded = lora_tensors(peft_model)
     assert loaded.keys() == lora.keys() and len(loaded) >= 60
     assert all(torch.equal(loaded[k], lora[k]) for k in lora)
     other, _ = load_model("smollm2")
     with pytest.raises(ValueError, match="lora_rank"):
-        set_lora(add_lora(other, replace(TrainConfig(), lora_rank=4)), saved)
+        set_lora(add_lora(other, replace(TrainConfig(), lora_rank=4)), start)
 
 
 def test_continuing_from_a_folder_without_weights_is_a_one_line_error(tmp_path, capsys):

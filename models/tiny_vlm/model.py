@@ -72,6 +72,12 @@ def _unreadable(weights: Path, err: Exception) -> AssetError:
     return AssetError(f"tiny-vlm weights at {weights} are missing or unreadable ({type(err).__name__}): {fix}")
 
 
+def split_weights(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """A weights file's tensors as (projector state dict, LoRA tensors by module name)."""
+    projector = {k.removeprefix("projector."): v.float() for k, v in tensors.items() if k.startswith("projector.")}
+    return projector, {k.removeprefix("lora."): v for k, v in tensors.items() if k.startswith("lora.")}
+
+
 def merge_lora(model: nn.Module, tensors: dict[str, torch.Tensor], scale: float) -> int:
     """W += scale · B A for every `<module>.lora_A` / `<module>.lora_B` pair; returns how many merged."""
     modules = dict(model.named_modules())
@@ -160,12 +166,10 @@ class TinyVLM(TinyTurns, VideoAdapter):
 
     def _load(self, weights: Path) -> None:
         try:
-            tensors = load_file(weights / "tiny_vlm.safetensors")
-            projector = {k[len("projector."):]: v.float() for k, v in tensors.items() if k.startswith("projector.")}
+            projector, lora = split_weights(load_file(weights / "tiny_vlm.safetensors"))
             self.projector.load_state_dict(projector)
         except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
             raise _unreadable(weights, err) from err
-        lora = {k[len("lora."):]: v for k, v in tensors.items() if k.startswith("lora.")}
         with torch.no_grad():
             merge_lora(self.model, lora, self.config.get("lora_alpha", 1) / max(self.config.get("lora_rank", 1), 1))
 

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from .data import YesNoQuestions, data_hash, features, group_by_image, questions, sample_episode
 from .episodes import IGNORE, EpisodeBuilder, pad_batch
-from .model import LABEL_MODES, WEIGHTS, TinyVLM
+from .model import LABEL_MODES, WEIGHTS, TinyVLM, split_weights
 from .scenes import SceneMix, easy_labels, sample_scene_episode, scene_frames
 
 
@@ -82,11 +82,11 @@ def lora_modules(peft_model) -> dict:
             if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {})}
 
 
-def set_lora(peft_model, tensors: dict[str, torch.Tensor]) -> None:
-    """Start the LoRA layers from a weights file's `lora.*` tensors (the inverse of `lora_tensors`)."""
+def set_lora(peft_model, lora: dict[str, torch.Tensor]) -> None:
+    """Start the LoRA layers from a weights file's LoRA tensors (`split_weights`; the inverse of `lora_tensors`)."""
     for base, module in lora_modules(peft_model).items():
         for part in ("lora_A", "lora_B"):
-            weight, saved = getattr(module, part)["default"].weight, tensors[f"lora.{base}.{part}"]
+            weight, saved = getattr(module, part)["default"].weight, lora[f"{base}.{part}"]
             if weight.shape != saved.shape:
                 raise ValueError(f"init weights: {base}.{part} is {tuple(saved.shape)}, this config's LoRA "
                                  f"{tuple(weight.shape)} (lora_rank and lora_targets must match)")
@@ -161,9 +161,8 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
     start = None
     if cfg.init:
         start_file = Path(cfg.init) / "tiny_vlm.safetensors"
-        start = load_file(start_file)
-        vlm.projector.load_state_dict({k.removeprefix("projector."): v.float() for k, v in start.items()
-                                       if k.startswith("projector.")})
+        projector, start = split_weights(load_file(start_file))
+        vlm.projector.load_state_dict(projector)
         cfg.data["init_sha256"] = hashlib.sha256(start_file.read_bytes()).hexdigest()
     train_feats = features("train")
     by_image = group_by_image(questions("train"))
@@ -180,9 +179,9 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
     caption, caption_loss = None, None
     if cfg.snap_to_vocabulary and cfg.caption_steps:
         caption = CaptionLoss(vlm, train_feats, yes_no.labels)
-        caption_loss = None if start else caption_stage(vlm, caption, cfg, rng)
+        caption_loss = None if start is not None else caption_stage(vlm, caption, cfg, rng)
     peft_model = add_lora(vlm.model, cfg)
-    if start:
+    if start is not None:
         set_lora(peft_model, start)
     llm = peft_model.base_model.model.model  # the LlamaModel with LoRA layers inside
     lora_params = [p for n, p in peft_model.named_parameters() if "lora_" in n]
