@@ -35,7 +35,7 @@ import torch
 from models.tiny_vlm.encoder import FrameEncoder
 from models.tiny_vlm.labels import PERSON, _contains, display, listing, mentioned, words_of
 from models.tiny_vlm.model import TinyVLM
-from models.tiny_vlm.perception import PERSON_THRESHOLD, PRESETS, Perceiver, clothing
+from models.tiny_vlm.perception import DEFAULT, PERSON_THRESHOLD, PRESETS, Perceiver, clothing
 from models.tiny_vlm.scenes import _video_path, frames_at, video_shape
 
 from .common import pyplot, record, write
@@ -45,7 +45,7 @@ ANNOTATIONS = Path(__file__).parent / "data" / "annotations.json"
 PHASES = (0.0, 0.25, 0.5, 0.75)
 CLIP = 4  # frames per clip at 1 fps: stream-qa's default --clip-seconds 4
 VIDEOS = ("bikes.mp4", "bigbuckbunny.mp4", "carphone_pristine.mp4", "carphone_distorted.mp4")
-CANDIDATE = "tiles+person"  # the option the committed weights are asked with, beside `frame`
+CANDIDATE = DEFAULT  # the option the committed weights are asked with, beside `frame`
 
 
 def annotations() -> dict:

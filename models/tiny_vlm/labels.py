@@ -90,8 +90,8 @@ def clothing() -> frozenset[int]:
 
 @lru_cache(maxsize=1)
 def more_words() -> dict[int, str]:
-    """Everyday words that the issue-25 perception adds beside `general_words`. Kept apart because training
-    draws its label sets from `general_words` (a larger table would change the committed weights' data)."""
+    """Everyday words that the issue-25 perception adds beside `general_words`. Kept apart because the
+    default training draws its label sets from `general_words` (`TrainConfig.label_words` "tiles+person" adds these)."""
     table = {
         "bicycle": _ids("unicycle", "tricycle"),
         "rabbit": _ids("cottontail rabbit", "hare", "Angora rabbit"),
