@@ -17,7 +17,8 @@ Each option of `models/tiny_vlm/perception.py` (`PRESETS`) is measured on
   embeddings), per frame at 1 fps. CPU time, not wall time: the machine may be shared.
 
 Then the committed weights answer questions on the annotated clips (`answer_rows`) with `frame` and
-with `CANDIDATE` (or `--perception`): does the new label text help the trained model or confuse it?
+with the default perception (`perception.DEFAULT`, or `--perception`): does the new label text help
+the trained model or confuse it?
 
 Writes `perception.json` (records), `perception_rows.json` (every second's labels, every answer) and
 `perception.png` to the output folder.
@@ -45,7 +46,6 @@ ANNOTATIONS = Path(__file__).parent / "data" / "annotations.json"
 PHASES = (0.0, 0.25, 0.5, 0.75)
 CLIP = 4  # frames per clip at 1 fps: stream-qa's default --clip-seconds 4
 VIDEOS = ("bikes.mp4", "bigbuckbunny.mp4", "carphone_pristine.mp4", "carphone_distorted.mp4")
-CANDIDATE = DEFAULT  # the option the committed weights are asked with, beside `frame`
 
 
 def annotations() -> dict:
@@ -258,7 +258,7 @@ def run(args):
     answers = {}
     if not args.quick:
 
-        for preset in ("frame", getattr(args, "perception", None) or CANDIDATE):
+        for preset in ("frame", getattr(args, "perception", None) or DEFAULT):
             vlm = TinyVLM(perception=preset)
             rows = answer_rows(vlm, clips)
             answers[preset] = {"scores": answer_scores(rows), "rows": rows}
@@ -311,7 +311,7 @@ def plot(path, details: dict, things: list[str]) -> None:
     plt.close(fig)
 
 
-def wall(presets=("frame", CANDIDATE), repeats: int = 3) -> dict[str, float]:
+def wall(presets=("frame", DEFAULT), repeats: int = 3) -> dict[str, float]:
     """Median wall ms per frame of `TinyVLM.encode_clip` on 4-frame clips of bikes.mp4 with torch's own
     threads, the presets interleaved so a shared machine's load falls on each alike."""
 
@@ -333,7 +333,7 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.perception",
                                      description="wall ms per frame of tiny-vlm's ingest with each perception")
-    parser.add_argument("presets", nargs="*", default=["frame", CANDIDATE])
+    parser.add_argument("presets", nargs="*", default=["frame", DEFAULT])
     args = parser.parse_args(argv)
     print(f"torch threads {torch.get_num_threads()}; wall ms per frame (median):",
           {p: round(ms) for p, ms in wall(args.presets).items()})
