@@ -1,6 +1,8 @@
 """tiny-vlm's training parts: balanced yes/no questions that agree with easy-VQA, visual tokens snapped
 to the vocabulary, and the caption stage that moves an image's tokens onto its colour and shape words."""
 
+import hashlib
+import json
 import random
 import re
 
@@ -197,3 +199,51 @@ def test_continuing_from_a_folder_without_weights_is_a_one_line_error(tmp_path, 
     assert stop.value.code == 2
     assert f"--set init: no tiny_vlm.safetensors in {tmp_path}" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
+
+
+def _weights_folder(path, tensors, config):
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    save_file(tensors, str(path / "tiny_vlm.safetensors"))
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
+def test_interpolated_weights_are_the_tensorwise_mix_and_record_both_files(tmp_path):
+    """The committed weights are halfway between a training and its continuation: every tensor is the mix,
+    the ends reproduce their files, and config.json names both files by hash."""
+    from safetensors.torch import load_file
+
+    from models.tiny_vlm.interpolate import interpolate
+
+    a = {"projector.w": torch.randn(4, 3), "lora.x.lora_A": torch.randn(2, 3)}
+    b = {k: v + torch.randn_like(v) for k, v in a.items()}
+    start = _weights_folder(tmp_path / "start", a, {"steps": 200})
+    tuned = _weights_folder(tmp_path / "tuned", b, {"steps": 80, "init": "start"})
+    for alpha in (0.0, 0.5, 1.0):
+        config = interpolate(start, tuned, alpha, tmp_path / f"mix{alpha}")
+        mixed = load_file(tmp_path / f"mix{alpha}" / "tiny_vlm.safetensors")
+        assert mixed.keys() == a.keys()
+        for k in a:
+            assert torch.allclose(mixed[k], (1 - alpha) * a[k] + alpha * b[k], atol=1e-6)
+        written = json.loads((tmp_path / f"mix{alpha}" / "config.json").read_text())
+        assert written == config and written["steps"] == 80 and written["interpolated"]["alpha"] == alpha
+        assert written["interpolated"]["start_sha256"] == hashlib.sha256(
+            (start / "tiny_vlm.safetensors").read_bytes()).hexdigest()
+    assert torch.equal(load_file(tmp_path / "mix0.0" / "tiny_vlm.safetensors")["projector.w"], a["projector.w"])
+
+
+def test_interpolating_files_of_another_lora_shape_is_a_one_line_error(tmp_path, capsys):
+    from models.tiny_vlm.interpolate import main
+
+    start = _weights_folder(tmp_path / "start", {"lora.x.lora_A": torch.zeros(8, 3)}, {})
+    tuned = _weights_folder(tmp_path / "tuned", {"lora.x.lora_A": torch.zeros(4, 3)}, {})
+    for argv, message in (([str(start), str(tuned)], "hold different tensors"),
+                          ([str(start), str(tmp_path)], f"no tiny_vlm.safetensors and config.json in {tmp_path}"),
+                          ([str(start), str(start), "--alpha", "2"], "--alpha must be within [0, 1]")):
+        with pytest.raises(SystemExit) as stop:
+            main([*argv, "--out", str(tmp_path / "out"), "--eval", "0"])
+        assert stop.value.code == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -231,15 +231,18 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
                             "median_step_seconds": step_s, "device": str(vlm.device),
                             "torch_threads": torch.get_num_threads()}
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    # evaluate exactly what inference loads: the saved weights, merged into a fresh model
-    from .evaluate import evaluate
+    return evaluate_folder(out, eval_n, str(vlm.device), cfg.scene_frames)
 
-    trained = TinyVLM(out, device=str(vlm.device))
+
+def evaluate_folder(out: Path, eval_n: int, device: str = "cpu", frames: int = 64) -> dict:
+    """Held-out accuracy of exactly what inference loads (the folder's weights merged into a fresh model),
+    `eval_n` questions per setting, written to the folder's metrics.json (the training script's own draw)."""
+    from .evaluate import evaluate, evaluate_labels
+
+    trained = TinyVLM(out, device=device)
     test_feats = features("test")
-    if scenes:
-        from .evaluate import evaluate_labels
-
-        held_feats, held_labels = scene_frames("test", cfg.scene_frames)
+    if trained.label_mode != "none":
+        held_feats, held_labels = scene_frames("test", frames)
         builder = EpisodeBuilder(trained, test_feats | held_feats, easy_labels("test"))
         metrics = evaluate(trained, builder, n=eval_n) | evaluate_labels(trained, builder, held_labels, n=eval_n)
     else:
