@@ -15,8 +15,7 @@ from pathlib import Path
 from safetensors.torch import load_file, save_file
 
 from .model import WEIGHTS
-
-FILE = "tiny_vlm.safetensors"
+from .model import WEIGHTS_FILE as FILE
 
 
 def interpolate(start: Path, tuned: Path, alpha: float, out: Path) -> dict:

@@ -25,6 +25,7 @@ from .perception import DEFAULT, Perceiver, Perception
 from .scenes import article
 
 WEIGHTS = Path(__file__).parent / "weights"
+WEIGHTS_FILE = "tiny_vlm.safetensors"  # projector + LoRA tensors in a weights folder
 LABEL_MODES = ("text", "pooled", "none")
 LABEL_TOKENS = 16  # the most tokens a clip's label text takes (the longest single label takes 15)
 SYSTEM = "<|im_start|>system\nYou watch a video clip by clip and answer questions about it in one word.<|im_end|>"
@@ -166,7 +167,7 @@ class TinyVLM(TinyTurns, VideoAdapter):
 
     def _load(self, weights: Path) -> None:
         try:
-            projector, lora = split_weights(load_file(weights / "tiny_vlm.safetensors"))
+            projector, lora = split_weights(load_file(weights / WEIGHTS_FILE))
             self.projector.load_state_dict(projector)
         except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as err:
             raise _unreadable(weights, err) from err

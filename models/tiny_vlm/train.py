@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from .data import YesNoQuestions, data_hash, features, group_by_image, questions, sample_episode
 from .episodes import IGNORE, EpisodeBuilder, pad_batch
-from .model import LABEL_MODES, WEIGHTS, TinyVLM, split_weights
+from .model import LABEL_MODES, WEIGHTS, WEIGHTS_FILE, TinyVLM, split_weights
 from .scenes import SceneMix, easy_labels, sample_scene_episode, scene_frames
 
 
@@ -160,7 +160,7 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
     cfg.data = {"easy_vqa_train_sha256": data_hash("train"), "easy_vqa_test_sha256": data_hash("test")}
     start = None
     if cfg.init:
-        start_file = Path(cfg.init) / "tiny_vlm.safetensors"
+        start_file = Path(cfg.init) / WEIGHTS_FILE
         projector, start = split_weights(load_file(start_file))
         vlm.projector.load_state_dict(projector)
         cfg.data["init_sha256"] = hashlib.sha256(start_file.read_bytes()).hexdigest()
@@ -225,7 +225,7 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
     tensors = {f"projector.{k}": v.detach().clone().contiguous() for k, v in vlm.projector.state_dict().items()}
     tensors.update(lora_tensors(peft_model))
     out.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(out / "tiny_vlm.safetensors"))
+    save_file(tensors, str(out / WEIGHTS_FILE))
     config = asdict(cfg) | {"train_seconds": round(train_s, 1), "final_loss": sum(losses[-50:]) / len(losses[-50:]),
                             "caption_stage_loss": caption_loss,
                             "median_step_seconds": step_s, "device": str(vlm.device),
@@ -273,7 +273,7 @@ def main(argv=None) -> int:
         if not hasattr(cfg, key):
             parser.error(f"--set: TrainConfig has no field {key!r}")
         setattr(cfg, key, json.loads(value))
-    if cfg.init and not (Path(cfg.init) / "tiny_vlm.safetensors").is_file():
+    if cfg.init and not (Path(cfg.init) / WEIGHTS_FILE).is_file():
         parser.error(f"--set init: no tiny_vlm.safetensors in {cfg.init}")
     try:
         metrics = train(cfg, args.out, args.eval, device=args.device)
