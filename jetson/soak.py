@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from streaming.errors import ConfigError
-from streaming.memory import auto_budget_for, tune_allocator
+from streaming.memory import auto_budget_for
 from streaming.questions import QuestionError, parse_time
 from streaming.records import record, write
 from streaming.soak import EveryKRounds, describe, run_soak, verdict
@@ -102,7 +102,6 @@ def run(args) -> int:
     FileSource(video, fps=args.fps)  # a bad file fails here, before the model loads
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tune_allocator()  # as stream-qa does: the soak measures the product's own memory behaviour
     from models import load_adapter  # torch and transformers load only once the arguments are good
 
     adapter = load_adapter(args.model, device=args.device)

@@ -33,7 +33,7 @@ from .checks import (
 )
 from .errors import ConfigError, environment_fault, is_user_error
 from .intent import notes
-from .memory import auto_budget_for, tune_allocator
+from .memory import auto_budget_for
 from .questions import (
     SAMPLE_QUESTION,
     Question,
@@ -182,7 +182,6 @@ def load_session(args, spec: PolicySpec, adapter, folder=None):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     stop_on_signals()  # SIGTERM, SIGHUP, SIGQUIT: like Ctrl-C
-    tune_allocator()  # a stream runs for hours: freed tensor memory goes back to the OS
     with warnings.catch_warnings():
         warnings.showwarning = warning_line  # the store's "disk full" as one line
         return _main(args, argv)

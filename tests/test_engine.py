@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from streaming.engine import TurnEngine
-from streaming.memory import trim_heap, tune_allocator
+from streaming.memory import trim_heap
 from streaming.questions import Question, Schedule
 from streaming.sources import FileSource, bundled_clip
 
@@ -68,7 +68,6 @@ def test_100_engines_stopped_mid_stream_leave_no_thread_and_no_memory(vlm):
     a full queue. Each stops within 2 s plus two encodes of a clip as measured here (an encode in
     progress finishes; it used to spin for ever; the default perception's tiles made an encode ~3.4x
     longer, and a loaded machine stretches it further); no ingest thread and no memory stays behind."""
-    tune_allocator()  # glibc's thresholds as stream-qa sets them: without, RSS creeps while tensor memory is flat
     session, rss = vlm.new_session("inf_mllm", budget=64), []
     clip = next(iter(FileSource(bundled_clip(), fps=2.0, realtime=False))).rgb[None]
     encode_s = []

