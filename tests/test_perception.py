@@ -130,6 +130,20 @@ def test_tiles_find_the_bicycle_on_a_real_frame_of_bikes(lite0):
     assert "bicycle" not in frame_only
 
 
+def test_classifier_batches_give_the_probabilities_of_one_plain_batch(lite0):
+    """The classifier runs channels-last batches of 4 views for speed; its probabilities are those of one
+    plain (NCHW) batch of all the views, to float rounding, so no label moves."""
+    from models.tiny_vlm.encoder import normalise
+    from models.tiny_vlm.perception import Classifier, views
+
+    frames = np.stack([frame_at("bikes.mp4", t) for t in (4.5, 9.0)])
+    fast = Classifier("lite0", lite0.net)(frames, tiles=True)
+    with torch.no_grad():
+        plain = torch.softmax(lite0.net(normalise(views(frames, 224, tiles=True))), dim=-1)
+    assert fast.shape == (2, 4, 1000)  # the whole frame and 3 tiles of each 640x272 frame
+    torch.testing.assert_close(fast.flatten(0, 1), plain, atol=1e-5, rtol=0)
+
+
 def test_blazeface_finds_the_face_in_carphone_and_none_in_a_texture():
     from skimage import data
 
