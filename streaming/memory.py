@@ -197,6 +197,7 @@ def auto_budget_for(adapter, max_new_tokens: int = 16, device: str | None = None
 # soak until stop 38) gave each of the vision encoder's activations a fresh mapping, page-faulted anew on
 # every op: ingest of bikes.mp4 ran at 2.2-2.9x real time instead of 5-6x, a soak round took 0.59 s instead
 # of 0.42 s. Without it a 1,000-round soak is as flat (+0.0009 ± 0.0025 MB/round) and holds ~90 MB more.
+# What stays tuned is the number of arenas (two, set on `import streaming`: see there).
 @functools.cache
 def _libc():
     try:
