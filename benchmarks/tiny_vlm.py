@@ -8,7 +8,7 @@ import numpy as np
 
 from models.tiny_vlm.data import features, image_paths, load_image
 from models.tiny_vlm.episodes import EpisodeBuilder
-from models.tiny_vlm.evaluate import evaluate, evaluate_labels
+from models.tiny_vlm.evaluate import evaluate, evaluate_distractors, evaluate_labels
 from models.tiny_vlm.labels import label_text
 from models.tiny_vlm.model import TinyVLM
 from models.tiny_vlm.perception import Perception
@@ -17,7 +17,8 @@ from models.tiny_vlm.scenes import easy_labels, scene_frames
 from .common import print_table, pyplot, record, write
 
 EASY = ("all", "colour", "shape", "yes/no", "ctx2", "ctx4", "ctx8")
-ORDER = EASY + ("labels_what", "labels_is", "labels_which", "labels_ctx8")
+ORDER = EASY + ("labels_what", "labels_is", "labels_which", "labels_ctx8", "labels_distractor_no",
+                "labels_distractor_yes")
 GOALS = {"all": 0.93, "colour": 0.90, "shape": 0.90, "yes/no": 0.90, "ctx8": 0.85}
 
 
@@ -52,6 +53,7 @@ def run(args):
     accuracy = evaluate(vlm, builder, n=n)
     if vlm.label_mode != "none":
         accuracy |= evaluate_labels(vlm, builder, held_labels, n=n)
+        accuracy |= evaluate_distractors(vlm, builder, held_labels, n=n)
     records = [record("tiny_vlm", "full", None, "accuracy", accuracy[x], x) for x in ORDER if x in accuracy]
     print(f"{n} held-out questions per setting")
     print_table(records, ["accuracy"])

@@ -108,3 +108,42 @@ def evaluate_labels(vlm, builder, frames: dict[int, tuple], n: int = 300, contex
             bar.update(len(chunk))
     bar.close()
     return {key: sum(v) / len(v) for key, v in hits.items()}
+
+
+def evaluate_distractors(vlm, builder, frames: dict[int, tuple], n: int = 300, clips: int = 4, seed: int = 2,
+                         batch: int = 16, progress: bool = True) -> dict:
+    """"is there X?" about one of `clips` held-out scene clips (the latest, unnamed, as the product asks
+    about the present; or an earlier one, named), X held by another clip in context: {"distractor_no": X
+    not in the asked clip, answer no; "distractor_yes": X in the asked clip and another one, answer yes}.
+    The one label question whose right answer depends on which clip is asked about."""
+    from .data import named_text
+    from .labels import words_of
+    from .scenes import article, distractor_word, random_labels
+
+    rng = random.Random(seed)
+    more = vlm.perception.more_words
+    ids, rows = sorted(frames), []
+    while len(rows) < n:
+        content = [vlm.fit_labels(random_labels(rng, more)) for _ in range(clips)]
+        j = clips - 1 if rng.random() < 0.5 else rng.randrange(clips - 1)
+        others = content[:j] + content[j + 1:]
+        if rng.random() < 0.5:
+            word, answer, kind = distractor_word(rng, content[j], others, more), "no", "distractor_no"
+        elif content[j]:  # the asked clip's thing, shown in another clip too
+            thing, other = rng.choice(content[j]), rng.choice([i for i in range(clips) if i != j])
+            content[other] = vlm.fit_labels((thing,) + tuple(i for i in content[other] if i != thing)[:2])
+            word, answer, kind = rng.choice(sorted(words_of(thing, more))), "yes", "distractor_yes"
+        else:
+            word = None
+        if word is None:
+            continue
+        text = f"is there {article(word)} {word}?"
+        turns = [("clip", rng.choice(ids), labels) for labels in content]
+        rows.append((turns + [("ask", text if j == clips - 1 else named_text(text, j + 1), answer)], kind))
+    hits: dict[str, list[bool]] = defaultdict(list)
+    for start in tqdm(range(0, n, batch), desc="tiny-vlm distractor eval", unit="batch", disable=not progress):
+        chunk = rows[start:start + batch]
+        items = builder.embed_batch([builder.pieces(turns) for turns, _ in chunk])
+        for (_, kind), ok in zip(chunk, _correct(vlm, *pad_batch(items)), strict=True):
+            hits[f"labels_{kind}"].append(ok)
+    return {key: sum(v) / len(v) for key, v in hits.items()}

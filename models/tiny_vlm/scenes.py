@@ -53,10 +53,13 @@ def article(word: str) -> str:
 
 
 def label_question(rng: random.Random, labels: tuple[int, ...], more: bool = False,
-                   seen: tuple[tuple[int, ...], ...] | None = None, tenses: bool = False) -> tuple[str, str, str]:
+                   seen: tuple[tuple[int, ...], ...] | None = None, tenses: bool = False,
+                   others: tuple[tuple[int, ...], ...] = (), hard: float = 0.0) -> tuple[str, str, str]:
     """(question, answer, kind) about a clip with these labels; kind is "what", "is" or "which".
     `seen`: the label sets of every clip so far, for an unnamed question, which "did you see …?" is
-    about (its answer is "yes" when any of them holds the thing)."""
+    about (its answer is "yes" when any of them holds the thing). `others`: the label sets of the other
+    clips in context; with probability `hard` an "is there …?" whose answer is no asks for a thing one
+    of them holds (`distractor_word`)."""
     what, is_there = (WHAT + NOW_WHAT, IS_THERE + NOW_IS) if tenses else (WHAT, IS_THERE)
     r = rng.random()
     if r < 0.3:
@@ -68,6 +71,8 @@ def label_question(rng: random.Random, labels: tuple[int, ...], more: bool = Fal
             kind = rng.choice(sorted(WHICH))
             word = kind
             answer = "yes" if any(i in categories()[kind] for i in labels) else "no"
+        elif hard and rng.random() < hard and (word := distractor_word(rng, labels, others, more)):
+            answer = "no"
         else:
             allowed = words_of_all(labels, more)
             classes = len(names()) + (1 if more else 0)  # with `more`, PERSON (= 1000) too
@@ -84,6 +89,17 @@ def label_question(rng: random.Random, labels: tuple[int, ...], more: bool = Fal
     kind = rng.choice(present) if present and rng.random() < 0.7 else rng.choice(sorted(WHICH))
     found = tuple(i for i in labels if i in categories()[kind])
     return rng.choice(WHICH[kind]), listing(found, more) if found else f"no {kind}", "which"
+
+
+def distractor_word(rng: random.Random, labels: tuple[int, ...], others, more: bool = False) -> str | None:
+    """A word for a thing another clip in context holds and this one does not, or None. Without such
+    negatives "is there a cat?" is yes whenever a cat was in any clip so far (the random words of the other
+    negatives are almost never in context): the stop-37 weights said yes to all 12 such photo pairs of
+    `real_scenes` (benchmarks/results/README.md, "real_scenes", stop 39)."""
+    allowed = words_of_all(labels, more)
+    words = sorted({w for other in others if other for w in words_of_all(other, more)
+                    if w not in allowed and not any(w in a.split() or w == a for a in allowed)})
+    return rng.choice(words) if words else None
 
 
 _NAMEABLE: dict[bool, list[int]] = {}
@@ -213,6 +229,7 @@ class SceneMix:
     own_labels: float = 0.25  # a scene clip carries its frame's own labels, else a random label set
     label_asks: float = 0.1  # a question on an easy-VQA clip is about its labels
     drop_labels: float = 0.15  # an easy-VQA clip has no label text (turns of adapters that add none)
+    hard_negatives: float = 0.0  # of the "is there …?" answered no, those about a thing another clip holds
 
 
 def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict, frames: dict, clips: int,
@@ -247,7 +264,8 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
             plain = (j == k and rng.random() < plain_share) if tenses else None  # drawn first: "did you see"
             if scene or (labels_j is not None and rng.random() < mix.label_asks):
                 seen = tuple(c[2] for c in content[:k]) if plain else None
-                text, answer, _ = label_question(rng, labels_j, more, seen, tenses)
+                others = tuple(c[2] for i, c in enumerate(content[:k]) if i != j - 1)
+                text, answer, _ = label_question(rng, labels_j, more, seen, tenses, others, mix.hard_negatives)
             else:
                 weights = type_weights
                 if yes_no and type_weights and j in answered:
