@@ -12,7 +12,9 @@ Reported: accuracy per kind of question; the same over the clips whose classifie
 probabilities over the clip's frames) names the object, the subset the issue's goal is about; and
 the share of answers free of hallucination, where an answer hallucinates when it names a thing
 (an ImageNet class or its everyday word) the clip's labels do not contain, or says "yes" to a thing
-they do not contain. `python -m benchmarks.real_scenes --weights DIR` runs other weights.
+they do not contain. Then, for every ordered pair of photos whose turns name their thing, a clip of
+each and "is there a X?" about the latest, X the earlier one's thing (`earlier_things`;
+`real_scenes_pairs.json`). `python -m benchmarks.real_scenes --weights DIR` runs other weights.
 """
 
 import argparse
@@ -193,8 +195,46 @@ def _ask(vlm, session, video, clip, name, kind, question, expected, labels, in_t
             "right": right, "hallucination": hallucinates(question, answer, labels, more)}
 
 
+def earlier_things(vlm) -> tuple[dict, list[dict]]:
+    """"is there a X?" about the latest of two clips, X the earlier clip's thing, for every ordered pair of
+    photos whose turns name their thing (and where the latest's does not): {"latest_not_earlier": share
+    answered no, "latest_thing": share of the latest clip's own thing answered yes}. The training's other
+    negatives name random classes, almost never one in context; this asks the one that is."""
+    from itertools import permutations
+
+    from models.tiny_vlm.labels import words_of_all
+
+    turns = {}
+    for name, p in PHOTOS.items():
+        if p.thing:
+            frames = clip_frames(photo(name))
+            visual, probs = vlm.encode_parts(frames)
+            turns[name] = (visual, vlm.fit_labels(vlm.perceive(frames, probs)))
+    more = vlm.perception.more_words
+
+    def names(labels, thing: str) -> bool:
+        return any(thing == w or thing in w.split() for w in words_of_all(labels, more))
+
+    rows = []
+    for first, latest in permutations([n for n, (_, labels) in turns.items() if names(labels, PHOTOS[n].thing)], 2):
+        if names(turns[latest][1], PHOTOS[first].thing):
+            continue
+        session = vlm.new_session("full")
+        for k, name in enumerate((first, latest), start=1):
+            vlm.append_clip(session, vlm.clip_embeddings(*turns[name]), k, float(2 * (k - 1)), float(2 * k))
+        for thing, expected in ((PHOTOS[first].thing, "no"), (PHOTOS[latest].thing, "yes")):
+            answer = vlm.answer(session, f"is there {article(thing)} {thing}?", max_new_tokens=8)
+            rows.append({"first": first, "latest": latest, "thing": thing, "answer": answer, "expected": expected,
+                         "right": answer.strip().lower().startswith(expected)})
+    scores = {}
+    for key, expected in (("latest_not_earlier", "no"), ("latest_thing", "yes")):
+        hits = [r["right"] for r in rows if r["expected"] == expected]
+        scores[key] = sum(hits) / len(hits) if hits else float("nan")
+    return scores, rows
+
+
 ORDER = ("what", "is_there", "which", "earlier", "what_or_is", "all", "top5_what", "top5_is_there", "top5_which",
-         "top5_earlier", "top5_what_or_is", "top5_all", "free_of_hallucination")
+         "top5_earlier", "top5_what_or_is", "top5_all", "free_of_hallucination", "latest_not_earlier", "latest_thing")
 
 
 def run(args):
@@ -203,12 +243,15 @@ def run(args):
     weights = Path(getattr(args, "weights", None) or WEIGHTS)
     vlm = TinyVLM(weights, perception=getattr(args, "perception", None))
     scores, rows = evaluate(vlm)
+    pairs, pair_rows = earlier_things(vlm)
+    scores |= pairs
     records = [record("real_scenes", "full", None, "accuracy", scores[x], x) for x in ORDER if x in scores]
     print(f"{scores['questions']} questions on {sum(map(len, VIDEOS))} clips of real photos ({weights}, "
           f"perception {vlm.perception})")
     print_table(records, ["accuracy"])
     path = write(args.out, "real_scenes", records, [])
     path.with_name("real_scenes_answers.json").write_text(json.dumps(rows, indent=1))
+    path.with_name("real_scenes_pairs.json").write_text(json.dumps(pair_rows, indent=1))
 
 
 def main(argv=None) -> int:
