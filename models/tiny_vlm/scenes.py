@@ -78,7 +78,7 @@ def label_question(rng: random.Random, labels: tuple[int, ...], more: bool = Fal
             classes = len(names()) + (1 if more else 0)  # with `more`, PERSON (= 1000) too
             while True:
                 word = rng.choice(sorted(words_of(rng.randrange(classes), more)))
-                if word not in allowed and not any(word in a.split() or word == a for a in allowed):
+                if absent(word, allowed):
                     break
             answer = "no"
         wording = rng.choice(is_there)
@@ -97,9 +97,13 @@ def distractor_word(rng: random.Random, labels: tuple[int, ...], others, more: b
     negatives are almost never in context): the stop-37 weights said yes to all 12 such photo pairs of
     `real_scenes` (benchmarks/results/README.md, "real_scenes", stop 39)."""
     allowed = words_of_all(labels, more)
-    words = sorted({w for other in others if other for w in words_of_all(other, more)
-                    if w not in allowed and not any(w in a.split() or w == a for a in allowed)})
+    words = sorted({w for other in others if other for w in words_of_all(other, more) if absent(w, allowed)})
     return rng.choice(words) if words else None
+
+
+def absent(word: str, allowed: set[str]) -> bool:
+    """A "no" question's word: neither one of the clip's words nor a word inside one ("cat" in "tabby cat")."""
+    return not any(word == a or word in a.split() for a in allowed)
 
 
 _NAMEABLE: dict[bool, list[int]] = {}
