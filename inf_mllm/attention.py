@@ -45,7 +45,7 @@ GPU_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
 
 
 def observing_sdpa(module, query, key, value, attention_mask, **kwargs):
-    if query.is_cuda:
+    if query.is_cuda and not torch.compiler.is_compiling():  # a compiled step's key length never changes
         with sdpa_kernel(GPU_SDPA_BACKENDS):
             return _observing_sdpa(module, query, key, value, attention_mask, **kwargs)
     return _observing_sdpa(module, query, key, value, attention_mask, **kwargs)

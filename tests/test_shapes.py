@@ -65,8 +65,17 @@ def test_compiled_decode_times_transformers_own_caches(small_shape, tmp_path, mo
     rows = json.loads((tmp_path / f"compiled_decode_{small_shape}.json").read_text())
     decode = {r["policy"] for r in rows if r["metric"] == "decode_ms_per_token" and r["value"] > 0}
     assert decode == set(compiled_decode.VARIANTS) | {"inf_mllm, eager", "inf_mllm, compiled"}
-    same = [r["value"] for r in rows if r["policy"] == "inf_mllm: same answers"]
-    assert same == [1.0]  # our compiled step answers the eager tokens on this shape too
+    by_length = {}
+    for r in rows:
+        by_length.setdefault(r["x"], {})[r["policy"], r["metric"]] = r["value"]
+    assert set(by_length) == {1024, 2048, 64}  # ours at each streamed length (--quick), the reference at CONTEXT
+    for length in (1024, 2048):
+        got = by_length[length]
+        assert got["inf_mllm: same answers", "rate"] == 1.0  # our compiled step answers the eager tokens here too
+        assert got["inf_mllm: steps run compiled", "rate"] == 1.0  # and none fell back to the eager step
+        floor = got["inf_mllm: floor", "floor_ms_per_token"]
+        assert got["inf_mllm, compiled", "decode_vs_floor"] == pytest.approx(
+            got["inf_mllm, compiled", "decode_ms_per_token"] / floor)
 
 
 def test_bandwidth_of_this_machine_is_a_plausible_memory_speed():
