@@ -31,6 +31,7 @@ CONTEXT = 2048
 SHORT, LONG = 8, 72  # answer lengths: their time difference over LONG - SHORT tokens is decode alone
 FEED, QUESTION, ANSWER, BUDGET = 512, 32, 32, 1024
 PATHS = {"eager": False, "compiled": True}
+PLOTTED = ["decode_ms_per_token", "decode_vs_floor"]  # with --shape: ours by streamed length, the reference at CONTEXT
 
 
 VARIANTS = {"transformers_dynamic": {"cache_implementation": "dynamic"},
@@ -157,4 +158,5 @@ def run(args):
         records += [record("compiled_decode", variant, None, "decode_ms_per_token", ms, CONTEXT),
                     record("compiled_decode", variant, None, "decode_vs_floor", ms / floor(CONTEXT), CONTEXT)]
         write(args.out, name, records, [])
+    write(args.out, name, records, PLOTTED, log_x=True)
     print_table(records, ["decode_ms_per_token", "floor_ms_per_token", "decode_vs_floor"] + columns)
