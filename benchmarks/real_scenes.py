@@ -203,6 +203,7 @@ def earlier_things(vlm) -> tuple[dict, list[dict]]:
     from itertools import permutations
 
     from models.tiny_vlm.labels import words_of_all
+    from models.tiny_vlm.scenes import absent
 
     turns = {}
     for name, p in PHOTOS.items():
@@ -213,7 +214,7 @@ def earlier_things(vlm) -> tuple[dict, list[dict]]:
     more = vlm.perception.more_words
 
     def names(labels, thing: str) -> bool:
-        return any(thing == w or thing in w.split() for w in words_of_all(labels, more))
+        return not absent(thing, words_of_all(labels, more))
 
     rows = []
     for first, latest in permutations([n for n, (_, labels) in turns.items() if names(labels, PHOTOS[n].thing)], 2):

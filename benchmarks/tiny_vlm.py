@@ -8,7 +8,7 @@ import numpy as np
 
 from models.tiny_vlm.data import features, image_paths, load_image
 from models.tiny_vlm.episodes import EpisodeBuilder
-from models.tiny_vlm.evaluate import evaluate, evaluate_distractors, evaluate_labels
+from models.tiny_vlm.evaluate import evaluate, evaluate_label_questions
 from models.tiny_vlm.labels import label_text
 from models.tiny_vlm.model import TinyVLM
 from models.tiny_vlm.perception import Perception
@@ -52,8 +52,7 @@ def run(args):
     builder = EpisodeBuilder(vlm, features("test") | held_feats, labels)
     accuracy = evaluate(vlm, builder, n=n)
     if vlm.label_mode != "none":
-        accuracy |= evaluate_labels(vlm, builder, held_labels, n=n)
-        accuracy |= evaluate_distractors(vlm, builder, held_labels, n=n)
+        accuracy |= evaluate_label_questions(vlm, builder, held_labels, n=n)
     records = [record("tiny_vlm", "full", None, "accuracy", accuracy[x], x) for x in ORDER if x in accuracy]
     print(f"{n} held-out questions per setting")
     print_table(records, ["accuracy"])

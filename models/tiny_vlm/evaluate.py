@@ -32,6 +32,14 @@ def _correct(vlm, embeds, targets, mask, cache=None) -> list[bool]:
     return (wrong == 0).tolist()
 
 
+def _answered(vlm, builder, rows, batch: int):
+    """Rows (turns, tag) scored `batch` at a time: per batch, [(tag, right?)] in row order."""
+    for start in range(0, len(rows), batch):
+        chunk = rows[start:start + batch]
+        items = builder.embed_batch([builder.pieces(turns) for turns, _ in chunk])
+        yield [(tag, ok) for (_, tag), ok in zip(chunk, _correct(vlm, *pad_batch(items)), strict=True)]
+
+
 def _question_part(builder, text, answer):
     """Embeddings and targets of one question turn with its answer, as appended after a context."""
     return builder.embed(builder.pieces([("ask", text, answer)])[1:])  # the context holds the system turn
@@ -46,13 +54,12 @@ def evaluate(vlm, builder, n: int = 1000, contexts=(2, 4, 8), seed: int = 0, bat
     hits: dict[str, list[bool]] = defaultdict(list)
     bar = tqdm(total=n * (1 + len(contexts)), desc="tiny-vlm eval", unit="q", disable=not progress)
     single = rng.sample(test, n)  # one image in context, the question as asked in easy-VQA
-    for start in range(0, n, batch):
-        chunk = single[start:start + batch]
-        items = builder.embed_batch([builder.pieces([("clip", q.image), ("ask", q.text, q.answer)]) for q in chunk])
-        for q, ok in zip(chunk, _correct(vlm, *pad_batch(items)), strict=True):
+    rows = [([("clip", q.image), ("ask", q.text, q.answer)], answer_type(q.answer)) for q in single]
+    for scored in _answered(vlm, builder, rows, batch):
+        for kind, ok in scored:
             hits["all"].append(ok)
-            hits[answer_type(q.answer)].append(ok)
-        bar.update(len(chunk))
+            hits[kind].append(ok)
+        bar.update(len(scored))
     for k in contexts:  # k images in context; each question names its clip
         done = 0
         while done < n:
@@ -100,12 +107,10 @@ def evaluate_labels(vlm, builder, frames: dict[int, tuple], n: int = 300, contex
             text, answer, kind = label_question(rng, content[j][1], more)
             turns = [("clip", f, labels) for f, labels in content]
             rows.append((turns + [("ask", text if k == 1 else named_text(text, j + 1), answer)], kind))
-        for start in range(0, n, batch):
-            chunk = rows[start:start + batch]
-            items = builder.embed_batch([builder.pieces(turns) for turns, _ in chunk])
-            for (_, kind), ok in zip(chunk, _correct(vlm, *pad_batch(items)), strict=True):
+        for scored in _answered(vlm, builder, rows, batch):
+            for kind, ok in scored:
                 hits[f"labels_{kind}" if k == 1 else f"labels_ctx{k}"].append(ok)
-            bar.update(len(chunk))
+            bar.update(len(scored))
     bar.close()
     return {key: sum(v) / len(v) for key, v in hits.items()}
 
@@ -141,9 +146,13 @@ def evaluate_distractors(vlm, builder, frames: dict[int, tuple], n: int = 300, c
         turns = [("clip", rng.choice(ids), labels) for labels in content]
         rows.append((turns + [("ask", text if j == clips - 1 else named_text(text, j + 1), answer)], kind))
     hits: dict[str, list[bool]] = defaultdict(list)
-    for start in tqdm(range(0, n, batch), desc="tiny-vlm distractor eval", unit="batch", disable=not progress):
-        chunk = rows[start:start + batch]
-        items = builder.embed_batch([builder.pieces(turns) for turns, _ in chunk])
-        for (_, kind), ok in zip(chunk, _correct(vlm, *pad_batch(items)), strict=True):
+    for scored in tqdm(_answered(vlm, builder, rows, batch), total=-(-n // batch), desc="tiny-vlm distractor eval",
+                       unit="batch", disable=not progress):
+        for kind, ok in scored:
             hits[f"labels_{kind}"].append(ok)
     return {key: sum(v) / len(v) for key, v in hits.items()}
+
+
+def evaluate_label_questions(vlm, builder, frames: dict[int, tuple], n: int = 300) -> dict:
+    """Every measure of questions answered from clip labels: `evaluate_labels` and `evaluate_distractors`."""
+    return evaluate_labels(vlm, builder, frames, n=n) | evaluate_distractors(vlm, builder, frames, n=n)

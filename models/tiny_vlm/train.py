@@ -237,15 +237,14 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
 def evaluate_folder(out: Path, eval_n: int, device: str = "cpu", frames: int = 64) -> dict:
     """Held-out accuracy of exactly what inference loads (the folder's weights merged into a fresh model),
     `eval_n` questions per setting, written to the folder's metrics.json (the training script's own draw)."""
-    from .evaluate import evaluate, evaluate_distractors, evaluate_labels
+    from .evaluate import evaluate, evaluate_label_questions
 
     trained = TinyVLM(out, device=device)
     test_feats = features("test")
     if trained.label_mode != "none":
         held_feats, held_labels = scene_frames("test", frames)
         builder = EpisodeBuilder(trained, test_feats | held_feats, easy_labels("test"))
-        metrics = (evaluate(trained, builder, n=eval_n) | evaluate_labels(trained, builder, held_labels, n=eval_n)
-                   | evaluate_distractors(trained, builder, held_labels, n=eval_n))
+        metrics = evaluate(trained, builder, n=eval_n) | evaluate_label_questions(trained, builder, held_labels, eval_n)
     else:
         metrics = evaluate(trained, EpisodeBuilder(trained, test_feats), n=eval_n)
     (out / "metrics.json").write_text(json.dumps({"questions_per_setting": eval_n, **metrics}, indent=1))
