@@ -72,7 +72,9 @@ def label_question(rng: random.Random, labels: tuple[int, ...], more: bool = Fal
             word = kind
             answer = "yes" if any(i in categories()[kind] for i in labels) else "no"
         elif hard and rng.random() < hard and (word := distractor_word(rng, labels, others, more)):
-            answer = "no"
+            wording = rng.choice(is_there)
+            answer = "yes" if tenses and seen is not None and wording == EVER and word not in WHICH else "no"
+            return wording.format(article(word), word), answer, "distractor" if answer == "no" else "is"
         else:
             allowed = words_of_all(labels, more)
             classes = len(names()) + (1 if more else 0)  # with `more`, PERSON (= 1000) too
@@ -99,6 +101,17 @@ def distractor_word(rng: random.Random, labels: tuple[int, ...], others, more: b
     allowed = words_of_all(labels, more)
     words = sorted({w for other in others if other for w in words_of_all(other, more) if absent(w, allowed)})
     return rng.choice(words) if words else None
+
+
+def contrast_question(rng: random.Random, question: str, labels: tuple[int, ...], content, more: bool = False):
+    """(clip number, "is there …?") about a clip in `content` that holds the thing a hard negative asked for, so
+    that the thing being in context is not itself the cue for "no"; candidates C and A said "no" to the latest
+    clip's own thing (benchmarks/results/README.md, "real_scenes", stop 40)."""
+    allowed = words_of_all(labels, more)
+    word = max((w for c in content if c[2] for w in words_of_all(c[2], more)
+                if absent(w, allowed) and question.endswith((f" {w}?", f" {w} now?", f" {w} in the video?"))), key=len)
+    holders = [i for i, c in enumerate(content, start=1) if c[2] and word in words_of_all(c[2], more)]
+    return rng.choice(holders), rng.choice(IS_THERE).format(article(word), word)
 
 
 def absent(word: str, allowed: set[str]) -> bool:
@@ -234,6 +247,7 @@ class SceneMix:
     label_asks: float = 0.1  # a question on an easy-VQA clip is about its labels
     drop_labels: float = 0.15  # an easy-VQA clip has no label text (turns of adapters that add none)
     hard_negatives: float = 0.0  # of the "is there …?" answered no, those about a thing another clip holds
+    contrast: float = 0.0  # a hard negative is followed by "is there …?" about a clip that holds the thing ("yes")
 
 
 def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict, frames: dict, clips: int,
@@ -259,7 +273,7 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
             labels = None if rng.random() < mix.drop_labels else fit(image_labels.get(images[k], ()))
             content.append((False, images[k], labels))
     first = 1 if max_first <= 1 or rng.random() < 0.5 else rng.randint(2, max_first)
-    turns, answered = [], set()
+    turns, answered, contrasts = [], set(), []
     for k, (_, key, labels) in enumerate(content, start=1):
         turns.append(("clip", key, labels))
         for _ in range(asks_after(rng, k, clips, asks_per_clip, final_asks)):
@@ -269,7 +283,9 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
             if scene or (labels_j is not None and rng.random() < mix.label_asks):
                 seen = tuple(c[2] for c in content[:k]) if plain else None
                 others = tuple(c[2] for i, c in enumerate(content[:k]) if i != j - 1)
-                text, answer, _ = label_question(rng, labels_j, more, seen, tenses, others, mix.hard_negatives)
+                text, answer, kind = label_question(rng, labels_j, more, seen, tenses, others, mix.hard_negatives)
+                if kind == "distractor" and rng.random() < mix.contrast:
+                    contrasts.append(contrast_question(rng, text, labels_j, content[:k], more))
             else:
                 weights = type_weights
                 if yes_no and type_weights and j in answered:
@@ -281,4 +297,8 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
                 plain = j == k and rng.random() < plain_share
             text = text if plain else named_text(text, first + j - 1)
             turns.append(("ask", text, answer))
+            for holder, question in contrasts:
+                plain = holder == k and rng.random() < plain_share
+                turns.append(("ask", question if plain else named_text(question, first + holder - 1), "yes"))
+            contrasts.clear()
     return Episode(turns, first)
