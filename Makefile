@@ -38,14 +38,21 @@ ui: setup
 text-demo: setup
 	$(PY) -m inf_mllm demo
 
-# retrain tiny-vlm's projector and LoRA (writes models/tiny_vlm/weights; ~40 min of training on a 2-core CPU):
-# a base training on easy-VQA and real scenes, 80 steps on top of it with tiles+person label words, then the
-# weights halfway between the two (what the base did best with 8 clips in context, the viewer's words of the second)
+# retrain tiny-vlm's projector and LoRA (writes models/tiny_vlm/weights; over an hour on a 2-core CPU):
+# a base training on easy-VQA and real scenes; 80 steps on top of it with tiles+person label words, and the
+# weights halfway between the two (what the base did best with 8 clips in context, the viewer's words of the
+# second); 80 steps on the base with hard negatives ("is there X?" about a thing another clip in context
+# holds) each followed by its "yes" about the clip that holds X (fp32: bf16 autocast is slower on CPUs
+# without AVX512-BF16); the weights three quarters of the way from the halfway ones to those
 train-tiny-vlm: setup
 	$(PY) -m models.tiny_vlm.train --out build/tiny_vlm_base --eval 100
 	$(PY) -m models.tiny_vlm.train --out build/tiny_vlm_tuned --eval 100 --set init='"build/tiny_vlm_base"' \
 		label_words='"tiles+person"' steps=80 lr=0.0005 lora_lr=0.0005 warmup=10
-	$(PY) -m models.tiny_vlm.interpolate build/tiny_vlm_base build/tiny_vlm_tuned --alpha 0.5
+	$(PY) -m models.tiny_vlm.interpolate build/tiny_vlm_base build/tiny_vlm_tuned --alpha 0.5 --out build/tiny_vlm_half --eval 0
+	$(PY) -m models.tiny_vlm.train --out build/tiny_vlm_contrast --eval 100 --set init='"build/tiny_vlm_base"' \
+		label_words='"tiles+person"' steps=80 lr=0.0005 lora_lr=0.0005 warmup=10 bf16=false \
+		scenes='{"share": 0.4, "scene_clip": 0.5, "own_labels": 0.25, "label_asks": 0.1, "drop_labels": 0.15, "hard_negatives": 1.0, "contrast": 1.0}'
+	$(PY) -m models.tiny_vlm.interpolate build/tiny_vlm_half build/tiny_vlm_contrast --alpha 0.75
 
 # the README's test command (under 20 min on a fresh 2-core machine); CI also runs test-slow
 test: setup
