@@ -284,7 +284,7 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
                 seen = tuple(c[2] for c in content[:k]) if plain else None
                 others = tuple(c[2] for i, c in enumerate(content[:k]) if i != j - 1)
                 text, answer, kind = label_question(rng, labels_j, more, seen, tenses, others, mix.hard_negatives)
-                if kind == "distractor" and rng.random() < mix.contrast:
+                if kind == "distractor" and mix.contrast and rng.random() < mix.contrast:
                     contrasts.append(contrast_question(rng, text, labels_j, content[:k], more))
             else:
                 weights = type_weights
