@@ -273,11 +273,11 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
             labels = None if rng.random() < mix.drop_labels else fit(image_labels.get(images[k], ()))
             content.append((False, images[k], labels))
     first = 1 if max_first <= 1 or rng.random() < 0.5 else rng.randint(2, max_first)
-    turns, answered, contrasts = [], set(), []
+    turns, answered = [], set()
     for k, (_, key, labels) in enumerate(content, start=1):
         turns.append(("clip", key, labels))
         for _ in range(asks_after(rng, k, clips, asks_per_clip, final_asks)):
-            j = k if rng.random() < 0.4 else rng.randint(1, k)
+            j, contrast = (k if rng.random() < 0.4 else rng.randint(1, k)), None
             scene, key_j, labels_j = content[j - 1]
             plain = (j == k and rng.random() < plain_share) if tenses else None  # drawn first: "did you see"
             if scene or (labels_j is not None and rng.random() < mix.label_asks):
@@ -285,7 +285,7 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
                 others = tuple(c[2] for i, c in enumerate(content[:k]) if i != j - 1)
                 text, answer, kind = label_question(rng, labels_j, more, seen, tenses, others, mix.hard_negatives)
                 if kind == "distractor" and mix.contrast and rng.random() < mix.contrast:
-                    contrasts.append(contrast_question(rng, text, labels_j, content[:k], more))
+                    contrast = contrast_question(rng, text, labels_j, content[:k], more)
             else:
                 weights = type_weights
                 if yes_no and type_weights and j in answered:
@@ -297,8 +297,8 @@ def sample_scene_episode(rng: random.Random, by_image: dict, image_labels: dict,
                 plain = j == k and rng.random() < plain_share
             text = text if plain else named_text(text, first + j - 1)
             turns.append(("ask", text, answer))
-            for holder, question in contrasts:
+            if contrast:
+                holder, question = contrast
                 plain = holder == k and rng.random() < plain_share
                 turns.append(("ask", question if plain else named_text(question, first + holder - 1), "yes"))
-            contrasts.clear()
     return Episode(turns, first)
