@@ -27,6 +27,7 @@ class KVBuffer:
         self.buf: torch.Tensor | None = None
         self.n = 0
         self.empty: torch.Tensor | None = None  # what transformers' lazy initialisation sets before any row
+        self._first, self._rows = None, 0  # `take`'s first row of each head, for a buffer of `_rows` rows
 
     def get(self) -> torch.Tensor | None:
         if self.buf is None:
@@ -74,8 +75,23 @@ class KVBuffer:
         (b, h, rows), tail = buf.shape[:3], buf.shape[3:]
         if not buf.is_contiguous():
             return buf.gather(2, idx.expand(b, h, -1).view(b, h, -1, *(1,) * len(tail)).expand(b, h, -1, *tail))
-        first = torch.arange(b * h, device=idx.device).view(b, h, 1) * rows  # each head's first row
+        first = self._first
+        if first is None or first.shape[:2] != (b, h) or first.device != idx.device or self._rows != rows:
+            first = self._first = torch.arange(b * h, device=idx.device).view(b, h, 1) * rows  # each head's first row
+            self._rows = rows
         return buf.view(b * h * rows, *tail).index_select(0, (first + idx).reshape(-1)).view(b, h, -1, *tail)
+
+    def front(self, n: int) -> torch.Tensor | None:
+        """The buffer's first n rows, to be written (inside `writing()`) and then `set` as the cache (a prefix: no
+        copy); None when the layer is dynamic or the buffer too small."""
+        if not self.static or self.buf is None or n > self.capacity:
+            return None
+        return self.buf[:, :, :n]
+
+    def writing(self):
+        """The mode the buffer is written in: a buffer made under inference mode (every session's forward) can
+        only be written there."""
+        return torch.inference_mode(self.buf is not None and torch.is_inference(self.buf))
 
     def fit(self) -> None:
         """Give back the capacity beyond the cache's rows (rounded up to GRAIN): after a budget is tightened."""
@@ -105,6 +121,5 @@ class KVBuffer:
         self.buf = grown
 
     def _write(self, at: int, rows: torch.Tensor) -> None:
-        # a buffer made under inference mode (every session's forward) can only be written there
-        with torch.inference_mode(torch.is_inference(self.buf)):
+        with self.writing():
             self.buf[:, :, at:at + rows.shape[2]].copy_(rows)

@@ -7,7 +7,7 @@ kept tokens are always contiguous and every layer ends at the same position, the
 position ids (arange + cache length) and causal mask stay right after a shrink.
 """
 
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -200,7 +200,9 @@ class StreamingLayer(DynamicLayer):
             self.keys = rerotate(keys, new - old, self.cache.inv_freq)
         else:
             delta = torch.arange(idx.shape[-1], device=idx.device) + (start - self.start) - idx  # new - old position
-            self.keys = self._moved(keys, delta, start)
+            front = self._k.front(idx.shape[-1])  # its rows were taken: free to write
+            with self._k.writing() if front is not None else nullcontext():
+                self.keys = self._moved(keys, delta, start, out=front)
         self.values = self._v.take(idx)
         if "acc" in self.seen:
             self._set_seen("acc", self.seen["acc"].gather(-1, idx.expand(b, h, -1)))
@@ -281,12 +283,13 @@ class StreamingLayer(DynamicLayer):
         self._k.fit()
         self._v.fit()
 
-    def _moved(self, keys: torch.Tensor, delta: torch.Tensor, start: int) -> torch.Tensor:
-        """Keys re-rotated by `delta` as the layer's tokens move to sit from `start`. A token never moves right
-        by more than the start moved (only tokens before it drop out) nor left by more than the layer's length
-        plus what the start moved back, so the bounds come from the host's counts, without reading `delta`."""
+    def _moved(self, keys: torch.Tensor, delta: torch.Tensor, start: int, out: torch.Tensor | None = None):
+        """Keys re-rotated by `delta` as the layer's tokens move to sit from `start` (into `out` if given). A token
+        never moves right by more than the start moved (only tokens before it drop out) nor left by more than
+        the layer's length plus what the start moved back, so the bounds come from the host's counts, without
+        reading `delta`."""
         reach = self.keys.shape[-2] + max(0, self.start - start)
-        return self.cache.rotations.rotate(keys, delta, reach, forward=start > self.start)
+        return self.cache.rotations.rotate(keys, delta, reach, forward=start > self.start, out=out)
 
     def insert(self, at: int, keys: torch.Tensor, values: torch.Tensor, tags: torch.Tensor,
                bases: torch.Tensor | None = None) -> None:
@@ -461,11 +464,9 @@ class StreamingCache(Cache):
         with one_thread(self.layers[0].keys.device):
             views = [layer.view() for layer in self.layers]
             budgets = policy.allocator.allocate(policy, views, self.budgets)
-            plans = []
-            for layer, view, budget in zip(self.layers, views, budgets, strict=True):
+            for layer, budget in zip(self.layers, budgets, strict=True):
                 layer.budget = budget
-                plans.append(policy.select(view, budget) if view.n > budget else None)
-            self._apply(plans, views, policy.reducer)
+            self._apply(policy.select_layers(views, budgets), views, policy.reducer)
 
     def shrink(self, budgets: list[int]) -> None:
         """Tighten the budgets and evict down to them now (an out-of-memory retry). When the policy's

@@ -9,15 +9,19 @@ transcendental calls on every eviction.
 import torch
 
 
-def _apply(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate (..., T, D) keys by per-token angles given as (..., T, D/2) cos and sin (half-split layout)."""
+def _apply(keys: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotate (..., T, D) keys by per-token angles given as (..., T, D/2) cos and sin (half-split layout); into
+    `out` (keys' shape, any strides) when given, which must not overlap `keys`: an fp32 eviction rotates the
+    rows it took straight into the layer's buffer instead of through a copy of them."""
     k = keys.to(torch.float32)
     h = k.shape[-1] // 2
     k1, k2 = k[..., :h], k[..., h:]
-    out = torch.empty_like(k)
-    torch.mul(k1, cos, out=out[..., :h]).addcmul_(k2, sin, value=-1)
-    torch.mul(k2, cos, out=out[..., h:]).addcmul_(k1, sin)
-    return out.to(keys.dtype)
+    res = out if out is not None and out.dtype == torch.float32 else torch.empty_like(k)
+    torch.mul(k1, cos, out=res[..., :h]).addcmul_(k2, sin, value=-1)
+    torch.mul(k2, cos, out=res[..., h:]).addcmul_(k1, sin)
+    if out is None:
+        return res.to(keys.dtype)
+    return out if res is out else out.copy_(res)
 
 
 def rerotate(keys: torch.Tensor, delta: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -39,25 +43,28 @@ class RotationTable:
 
     def __init__(self, inv_freq: torch.Tensor):
         self.inv_freq = inv_freq.to(torch.float32)
-        self.cos = self.sin = torch.empty(0, inv_freq.numel())
+        self.table = torch.empty(0, 2 * inv_freq.numel())  # row s: cos of shift -s, then its sin
 
     def _grow(self, size: int, device) -> None:
-        size = max(size, 2 * self.cos.shape[0], 1024)
+        size = max(size, 2 * self.table.shape[0], 1024)
         shifts = -torch.arange(size, dtype=torch.float64, device=device)[:, None]
         angles = shifts * self.inv_freq.to(device, torch.float64)
-        self.cos, self.sin = angles.cos().float(), angles.sin().float()
+        self.table = torch.cat([angles.cos(), angles.sin()], dim=-1).float()
 
-    def rotate(self, keys: torch.Tensor, delta: torch.Tensor, reach: int, forward: bool = False) -> torch.Tensor:
+    def rotate(self, keys: torch.Tensor, delta: torch.Tensor, reach: int, forward: bool = False,
+               out: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate `keys` by `delta` positions, every shift in (-reach, 0] unless `forward` (some may be
-        positive: computed, not looked up)."""
+        positive: computed, not looked up); into `out` if given (see `_apply`)."""
         if forward:
-            return rerotate(keys, delta, self.inv_freq)
-        if reach > self.cos.shape[0] or self.cos.device != keys.device:
+            rotated = rerotate(keys, delta, self.inv_freq)
+            return rotated if out is None else out.copy_(rotated)
+        if reach > self.table.shape[0] or self.table.device != keys.device:
             self._grow(reach, keys.device)
         back = (-delta).clamp_min(0)
-        rows = back.reshape(-1)  # index_select of whole rows: cheaper than advanced indexing by a (.., T) tensor
-        shape = (*back.shape, self.cos.shape[1])
-        return _apply(keys, self.cos.index_select(0, rows).view(shape), self.sin.index_select(0, rows).view(shape))
+        # one index_select of whole rows (cos and sin together): cheaper than advanced indexing by a (.., T) tensor
+        both = self.table.index_select(0, back.reshape(-1)).view(*back.shape, self.table.shape[1])
+        h = self.table.shape[1] // 2
+        return _apply(keys, both[..., :h], both[..., h:], out)
 
 
 def _rotary(model):

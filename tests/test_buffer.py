@@ -29,6 +29,7 @@ def test_buffers_give_the_dynamic_layers_logits_answers_and_kept_tokens(smol, po
     assert static.cache.layers[0]._k.static and not dynamic.cache.layers[0]._k.static
 
 
+@pytest.mark.slow  # ~40 s on 2 cores: run by `make test-slow` in CI
 def test_a_bounded_session_stops_allocating_after_its_longest_turn_and_answer(smol):
     """60 turns of up to 96 tokens with answers of up to 24: the buffers never overflow (every write fits
     or grows first) and, once the longest turn and answer have been seen, stay the same tensors."""

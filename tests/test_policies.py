@@ -109,6 +109,30 @@ def test_existing_policies_keep_the_recorded_indices(case):
     assert policy_cases.kept(case) == recorded[case], policy_cases.CASES[case]
 
 
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_selecting_every_layer_at_once_keeps_what_each_layer_alone_keeps(name):
+    """`select_layers` (scoring policies rank a stack of same-shaped layers in one go) = `select` per layer: 30
+    layers of one length and budget, then lengths that differ (one by one), both with tied scores too."""
+    policy = make_policy(name)
+    g = torch.Generator().manual_seed(0)
+
+    def view(n, prompt_len=40):
+        scores = torch.rand(1, 6, n, generator=g)
+        scores[..., ::7] = 0.5  # ties
+        return LayerView(n=n, prompt_len=prompt_len, num_kv_heads=2, window_scores=scores,
+                         acc_scores=scores[:, ::3].clone() * 10, post_scores=scores.clone(),
+                         sparsity=torch.rand(1, 6, generator=g))
+
+    for views in ([view(300) for _ in range(30)], [view(300 + 5 * i) for i in range(6)] + [view(90)]):
+        budgets = [128] * len(views)
+        want = [policy.select(v, b) if v.n > b else None for v, b in zip(views, budgets, strict=True)]
+        got = policy.select_layers(views, budgets)
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            assert (a is None and b is None) or torch.equal(a, b)
+    assert got[-1] is None  # the layer under its budget
+
+
 def test_window_keeps_the_newest_tokens():
     view = LayerView(n=10, prompt_len=3, num_kv_heads=1)
     assert make_policy("window").select(view, 4).tolist() == [[6, 7, 8, 9]]

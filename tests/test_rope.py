@@ -61,3 +61,20 @@ def test_table_and_computed_rotations_agree_both_ways():
     assert torch.allclose(table.rotate(keys, back, reach=3000), rerotate(keys, back, inv_freq), atol=2e-4)
     ahead = -back
     assert torch.equal(table.rotate(keys, ahead, reach=3000, forward=True), rerotate(keys, ahead, inv_freq))
+
+
+def test_rotating_into_a_given_tensor_equals_rotating_into_a_new_one():
+    """An eviction rotates the keys it took straight into the layer's buffer (a strided view), fp32 or fp16."""
+    torch.manual_seed(0)
+    inv_freq = 1.0 / 10000 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64)
+    table = RotationTable(inv_freq)
+    for dtype in (torch.float32, torch.float16):
+        keys = torch.randn(1, 3, 40, 64).to(dtype)
+        back = -torch.randint(0, 500, (1, 1, 40))
+        buf = torch.zeros(1, 3, 256, 64, dtype=dtype)
+        got = table.rotate(keys, back, reach=500, out=buf[:, :, :40])
+        assert got.data_ptr() == buf.data_ptr() and torch.equal(buf[:, :, :40], table.rotate(keys, back, reach=500))
+        assert not buf[:, :, 40:].any()
+        ahead = torch.randint(0, 5, (1, 1, 40))
+        got = table.rotate(keys, ahead, reach=500, forward=True, out=buf[:, :, :40])
+        assert torch.equal(got, table.rotate(keys, ahead, reach=500, forward=True))

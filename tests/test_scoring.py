@@ -56,3 +56,22 @@ def test_triton_kernel_matches_torch_reference(shape):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert float(run.stdout.strip().splitlines()[-1]) <= 1e-5
+
+
+def test_the_window_attention_gets_transformers_mask_only_when_it_hides_more_than_causality():
+    """A causal mask is built into the window attention (masking its logits twice cost ~5 ms a prompt); padding
+    or a sliding window must still reach it."""
+    from inf_mllm.attention import _beyond_causality
+
+    n, l = 50, 8
+    causal = (torch.arange(n)[None, :] <= torch.arange(n - l, n)[:, None]).expand(2, 1, l, n)
+    mask = causal.clone()
+    assert _beyond_causality(mask, mask) is None
+    assert _beyond_causality(mask, mask) is None  # the same mask again: remembered
+    padded = causal.clone()
+    padded[1, :, :, :3] = False  # the second row's first three keys are padding
+    assert _beyond_causality(padded, padded) is padded
+    sliding = causal & (torch.arange(n)[None, :] > torch.arange(n - l, n)[:, None] - 20)
+    assert _beyond_causality(sliding, sliding) is sliding
+    wider = torch.ones(2, 1, l, n, dtype=torch.bool)  # shows future keys: causality hides them anyway
+    assert _beyond_causality(wider, wider) is None

@@ -197,6 +197,7 @@ def inject(tmp_path, args, capsys, monkeypatch, die, modes, every: bool = True) 
     return results
 
 
+@pytest.mark.slow  # over a minute on 2 cores: run by `make test-slow` in CI
 def test_a_crash_at_any_write_loses_no_answer_and_no_stored_clip(tmp_path, capsys, monkeypatch, shared_model,
                                                                   descriptors):
     """Every write point of a 2-clip session with one answer (about 24), each crashed and resumed."""

@@ -56,6 +56,7 @@ def test_latency_with_a_shape_records_the_bandwidth_floor_and_a_clip_turn(small_
         assert got[policy, "clip_ttft_s"] > 0 and got[policy, "kv_tokens"] <= 1024
 
 
+@pytest.mark.slow  # ~25 s on 2 cores: run by `make test-slow` in CI
 def test_compiled_decode_times_transformers_own_caches(small_shape, tmp_path, monkeypatch):
     from benchmarks import compiled_decode
 

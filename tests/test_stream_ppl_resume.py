@@ -2,6 +2,7 @@
 
 import io
 
+import pytest
 import torch
 from tqdm import tqdm
 
@@ -9,6 +10,7 @@ from benchmarks.corpus import token_stream
 from benchmarks.stream_ppl import stream
 
 
+@pytest.mark.slow  # ~25 s on 2 cores: run by `make test-slow` in CI
 def test_resumed_stream_matches_an_unbroken_one(smol):
     model, tok = smol
     ids = token_stream(tok, 2048)

@@ -63,6 +63,7 @@ def test_snapped_tokens_are_mixtures_of_word_embeddings():
     assert set(Projector(32, width=16).state_dict()) | {"log_temperature"} == set(projector.state_dict())
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: run by `make test-slow` in CI
 def test_caption_stage_puts_an_images_colour_and_shape_words_on_its_tokens():
     from models.tiny_vlm.data import features, image_labels
     from models.tiny_vlm.model import TinyVLM

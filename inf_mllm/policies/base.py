@@ -69,6 +69,10 @@ class Policy(ABC):
     def select(self, view: LayerView, budget: int) -> torch.Tensor | None:
         """Indices to keep, (B, K) or (B, Hkv, K), sorted; None keeps everything."""
 
+    def select_layers(self, views: list[LayerView], budgets: list[int]) -> list[torch.Tensor | None]:
+        """`select` for every layer over its budget (None for the others)."""
+        return [self.select(v, b) if v.n > b else None for v, b in zip(views, budgets, strict=True)]
+
     def decode_select(self, view: LayerView, budget: int) -> torch.Tensor | None:
         """What to keep after a decode step (only for policies that evict while decoding)."""
         return self.select(view, budget)
@@ -128,8 +132,32 @@ class Scored(Policy):
 
     def select(self, view, budget):
         l = self.kept_recent(view, budget)
-        c = view.n - l
-        s = heads(self.score(view, c), view.num_kv_heads, self.per_head)
+        return self._ranked(self.score(view, view.n - l), view, budget, l)
+
+    def select_layers(self, views, budgets):
+        """Layers of one length, prompt and budget (all of them, under a uniform budget) are ranked as one stack:
+        one mean, top-k and sort for the model instead of one per layer, the same indices (every step works
+        row by row); 30 SmolLM2 layers' selection took ~5 ms of a ~25 ms eviction on 2 CPU cores, one by one."""
+        over = [i for i, (v, b) in enumerate(zip(views, budgets, strict=True)) if v.n > b]
+        if (type(self).select is not Scored.select or len(over) < 2
+                or len({(views[i].n, views[i].prompt_len, budgets[i]) for i in over}) > 1):
+            return super().select_layers(views, budgets)
+        view, budget = views[over[0]], budgets[over[0]]
+        l = self.kept_recent(view, budget)
+        raw = [self.score(views[i], view.n - l) for i in over]
+        if len({r.shape for r in raw}) > 1:
+            return super().select_layers(views, budgets)
+        b, h, c = raw[0].shape
+        kept = self._ranked(torch.stack(raw).view(len(over) * b, h, c), view, budget, l)
+        plans = [None] * len(views)
+        for i, plan in zip(over, kept.view(len(over), b, *kept.shape[1:]).unbind(0), strict=True):
+            plans[i] = plan
+        return plans
+
+    def _ranked(self, raw: torch.Tensor, view: LayerView, budget: int, l: int) -> torch.Tensor:
+        """The kept indices from raw scores (B, H, c) of the c = view.n - l candidates, sorted."""
+        c = raw.shape[-1]
+        s = heads(raw, view.num_kv_heads, self.per_head)
         if self.pool > 1:
             s = pooled(s, self.pool, self.pool_mode)
         s = self.adjust(s)
