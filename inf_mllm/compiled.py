@@ -14,7 +14,9 @@ multimodal RoPE place rows apart from positions). `CompiledDecode.step` says Non
 session runs the eager step instead. Compiling costs time once per model and buffer shape (30 s to 2 min for
 SmolLM2-135M on 2 CPU cores, less once inductor's on-disk cache holds it), and on a CPU the compiled step is
 no faster (a decode step there is matrix-vector products at memory bandwidth: `python -m benchmarks
-compiled_decode`), so it is an option of the session, off by default.
+compiled_decode`), so it is an option of the session, off by default. On a GPU the session launches the step for
+an answer token before handing the token over (`launch`), and the layers count the new row only if the answer goes
+on (`commit`), so the graph runs while the host hands the token over and prepares the next one.
 """
 
 import torch
@@ -94,6 +96,15 @@ class CompiledDecode:
     def step(self, cache, token: torch.Tensor) -> torch.Tensor | None:
         """The logits (B, V) after `token` (B,), its K/V written into `cache`, whose step the caller found plain
         (`why_not` is None: nothing it checks changes within an answer); None if the buffers have no free row."""
+        logits = self.launch(cache, token)
+        if logits is not None:
+            self.commit(cache)
+        return logits
+
+    def launch(self, cache, token: torch.Tensor) -> torch.Tensor | None:
+        """`step` without its bookkeeping: `token`'s K/V go into the buffers' first free row, but the cache holds
+        them only after `commit`. Until then the step may be dropped (the answer ended at `token`), and the next
+        turn overwrites the row. On a GPU this returns once the work is queued."""
         n = cache.layers[0].get_seq_length()
         if any(n >= layer._k.capacity for layer in cache.layers):
             return None  # no free row: the eager step grows the buffers (and the next trace takes the new shape)
@@ -105,11 +116,13 @@ class CompiledDecode:
                     torch._dynamo.mark_static_address(keys)
                     torch._dynamo.mark_static_address(values)
         self.row.fill_(n)
-        logits = self._forward(token[:, None])[:, -1].clone()  # a CUDA graph's output is overwritten next replay
+        return self._forward(token[:, None])[:, -1].clone()  # a CUDA graph's output is overwritten next replay
+
+    def commit(self, cache) -> None:
+        """The launched step's row is the cache's."""
         for layer in cache.layers:
             layer.written(1)
         self.steps += 1
-        return logits
 
 
 def compiled_decode(model) -> CompiledDecode:

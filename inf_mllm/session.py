@@ -62,6 +62,9 @@ class StreamSession:
         self._pending: torch.Tensor | None = None  # (B, 1) last answer token, not yet in the cache
         self._logits: torch.Tensor | None = None
         self._decoding = None  # the paused decode loop of an unfinished answer
+        # a compiled step for each answer token is launched before the token is handed over, and kept if the
+        # answer goes on: on a GPU it runs while the consumer reads the token (on a CPU it would only add a step)
+        self.run_ahead = self.device.type == "cuda"
         self._forget_at: list | None = None  # cache marks before a question that leaves with its answer
         self.store = None
         if self.recall is not None:
@@ -248,7 +251,7 @@ class StreamSession:
     def generate(self, max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
                  top_p: float = 1.0, eos_token_id: int | list[int] | None = None,
                  generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
-        """An iterator of (B,) token ids, one at a time, continuing from the last appended turn.
+        """An iterator of (B,) token ids on the CPU, one at a time, continuing from the last appended turn.
 
         Whenever the consumer stops (the end, a `break`, a closed generator, or the next `append`,
         which closes a paused one), the last token it received is held back, pending for the next
@@ -272,19 +275,40 @@ class StreamSession:
         # what makes a step plain is fixed for an answer (a new turn ends it): checked once, not per token
         compiled = self._compiled if self._compiled is not None and self._compiled.why_not(self.cache) is None \
             else None
+        # a GPU hands each token over through pinned memory, so that a compiled step for it can run meanwhile
+        staged = torch.empty((2, self.batch), dtype=torch.long, pin_memory=True) if self.device.type == "cuda" \
+            else None
+        ahead = None  # the logits of the step launched for the token in the consumer's hands, not yet committed
         try:
+            t0 = self._clock()
             for step in range(max_new_tokens):
-                t0 = self._clock()
                 token = _pick(logits, do_sample, temperature, top_p, generator)
                 token = torch.where(done, token.new_full(token.shape, filler), token)
                 done |= torch.isin(token, eos_ids)
+                last = step == max_new_tokens - 1
+                if staged is not None:
+                    staged[0].copy_(token, non_blocking=True)
+                    staged[1].copy_(done, non_blocking=True)
+                    ready = torch.cuda.Event()
+                    ready.record()
+                if compiled is not None and self.run_ahead and not last:
+                    ahead = compiled.launch(self.cache, token)  # dropped if the answer ends at this token
+                if staged is not None:
+                    ready.synchronize()
+                    handed, finished = staged[0].clone(), bool(staged[1].all())
+                else:
+                    handed, finished = token, bool(done.all())
                 self.last.decoded = step + 1
-                self.last.decode_s += self._clock() - t0
-                yield token
-                if bool(done.all()) or step == max_new_tokens - 1:
+                self.last.decode_s += time.perf_counter() - t0  # the token is ready: its steps have run
+                yield handed
+                t0 = time.perf_counter()  # the consumer's time is not the model's
+                if finished or last:
                     break
-                t0 = self._clock()
-                logits = compiled.step(self.cache, token) if compiled is not None else None
+                if ahead is not None:
+                    compiled.commit(self.cache)
+                    logits, ahead = ahead, None
+                else:
+                    logits = compiled.step(self.cache, token) if compiled is not None else None
                 if logits is None:
                     with self.cache.decode_step():  # this forward only: nothing is held while the answer pauses
                         out = self.model(input_ids=token[:, None], past_key_values=self.cache, use_cache=True,
@@ -294,11 +318,10 @@ class StreamSession:
                 token = None  # in the cache now
                 self.seen += 1
                 self.cache.step()
-                self.last.decode_s += self._clock() - t0
         finally:
             self._decoding = None
             if token is not None:
-                self._pending = token[:, None]  # received, not yet in the cache
+                self._pending = token[:, None]  # received, not yet in the cache (a step launched for it is dropped)
 
     def discard_pending(self) -> None:
         """Drop the held-back last answer token; the tokens decoded before it stay in the cache."""

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--compile-decode", action="store_true",
                    help="run decode steps compiled on fixed shapes (torch.compile; CUDA graphs on a GPU); the first "
                         "answer waits for the compile (about 2 min for SmolLM2 on 2 CPU cores, no faster than eager "
-                        "there; about 80 s for a 7B model on an H200, then 4-6x faster than eager)")
+                        "there; about 90 s for a 7B model on an H200, then 6-8x faster than eager)")
     p.add_argument("--json", action="store_true", help="JSON lines on stdout")
     k = p.add_argument_group("memory soak")
     k.add_argument("--soak", metavar="ROUNDS|TIME",

@@ -35,6 +35,62 @@ def test_compiled_decode_answers_the_eager_tokens_and_leaves_the_same_cache(smol
             assert torch.equal(mine.turn_ids, theirs.turn_ids)
 
 
+def _answer(session, eos, stop=None) -> list[int]:
+    tokens = []
+    for t in session.generate(12, eos_token_id=eos):
+        tokens.append(int(t[0]))
+        if len(tokens) == stop:
+            break  # the consumer stops: the step launched ahead for this token is dropped
+    return tokens
+
+
+@pytest.mark.slow  # compiles SmolLM2's step (shared with the test above when both run)
+def test_a_step_run_ahead_is_kept_only_while_the_answer_goes_on(smol):
+    """`run_ahead` (on by default on a GPU, forced here) launches the step for each token before handing it over;
+    answers that end at the last token, at an end token or at the consumer's break keep the eager tokens and cache,
+    and only the steps of tokens that went on count."""
+    model, tok = smol
+    ids = torch.randint(100, 20000, (1, 800), generator=torch.Generator().manual_seed(5))
+    eager = StreamSession(model, tok, "inf_mllm", budget=256, window=16)
+    ahead = StreamSession(model, tok, "inf_mllm", budget=256, window=16, compile_decode=True)
+    ahead.run_ahead = True
+    steps, eos, answers = ahead._compiled.steps, [], []
+    for r in range(6):
+        for session in (eager, ahead):
+            session.append(ids[:, 100 * r:100 * (r + 1)])
+        stop = 5 if r % 3 == 1 else None
+        want = _answer(eager, eos, stop)
+        assert _answer(ahead, eos, stop) == want
+        answers.append(want)
+        eos = eos or want[3:]  # later answers may end at any of these tokens
+    assert any(len(a) not in (5, 12) for a in answers)  # one answer ended at an end token
+    assert ahead._compiled.steps - steps == sum(len(a) - 1 for a in answers)
+    for session in (eager, ahead):
+        session.append(ids[:, 600:610])  # takes the held-back tokens
+    assert ahead.seen == eager.seen and ahead.cache.get_seq_length() == eager.cache.get_seq_length()
+    for mine, theirs in zip(ahead.cache.layers, eager.cache.layers, strict=True):
+        assert torch.allclose(mine.keys, theirs.keys, atol=1e-3) and torch.allclose(mine.values, theirs.values,
+                                                                                     atol=1e-3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run ahead and pinned hand-over)")
+def test_on_a_gpu_tokens_are_handed_over_on_the_cpu_and_match_the_eager_step():
+    from inf_mllm import load_model
+
+    model, tok = load_model(device="cuda")
+    ids = torch.randint(100, 20000, (1, 800), generator=torch.Generator().manual_seed(5)).cuda()
+    eager = StreamSession(model, tok, "inf_mllm", budget=256, window=16)
+    compiled = StreamSession(model, tok, "inf_mllm", budget=256, window=16, compile_decode=True)
+    assert compiled.run_ahead
+    for r in range(4):
+        for session in (eager, compiled):
+            session.append(ids[:, 100 * r:100 * (r + 1)])
+        want = list(eager.generate(12, eos_token_id=[]))
+        got = list(compiled.generate(12, eos_token_id=[]))
+        assert all(t.device.type == "cpu" for t in got + want)
+        assert [int(t[0]) for t in got] == [int(t[0]) for t in want]
+
+
 @pytest.mark.parametrize("policy, reason", [("h2o", "evicts while decoding"), ("full", "unbounded"),
                                             ("inf_mllm+vl_cache_budgets", "per-layer budgets")])
 def test_a_step_that_is_not_plain_runs_eagerly(smol, policy, reason):
