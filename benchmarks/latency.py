@@ -2,13 +2,13 @@
 
 The stream is fed in 512-token turns; at each checkpoint the session's state is kept (a copy of its
 cache, on the same weights), and once every policy has streamed to its last checkpoint the question
-rounds are timed round-robin over every (policy, checkpoint) state: time to first token (prefill +
-eviction), decode ms per token, the share of the round spent scoring and evicting, KV MB and process
-RSS. Medians over the rounds. Timing a checkpoint's rounds right after it is fed, as this benchmark
-once did, put each stream length at a different moment of a shared machine's load: the 2K and 128K
-rounds of one policy were minutes apart, and their ratio moved with whatever else ran (issue 23: a
-1.23x TTFT rise of `inf_mllm` that interleaved rounds do not show). The full cache stops at the model's
-context (or where the device runs out of memory). After the question rounds, a clip turn's time to first
+rounds are timed, each round visiting every (policy, checkpoint) state once, in an order of its own:
+time to first token (prefill + eviction), decode ms per token, the share of the round spent scoring and
+evicting, KV MB and process RSS. Medians over the rounds. Timing a checkpoint's rounds right after it is
+fed, as this benchmark once did, put each stream length at a different moment of a shared machine's
+load: the 2K and 128K rounds of one policy were minutes apart, and their ratio moved with whatever else
+ran (issue 23: a 1.23x TTFT rise of `inf_mllm` that interleaved rounds do not show). The full cache stops
+at the model's context (or where the device runs out of memory). After the question rounds, a clip turn's time to first
 token (112 visual tokens and 16 of text, Chat-UniVi's event) is timed the same way.
 
 `--shape vicuna-7b` / `llama-2-7b-32k` (benchmarks/shapes.py) times randomly initialised 7B models in fp16
@@ -17,6 +17,7 @@ and the GPU memory each state needs alone: the weights, its own K/V and its roun
 """
 
 import copy
+import random
 import time
 
 import torch
@@ -152,16 +153,20 @@ def run(args):
                     break
                 states.append((policy, checkpoint, snapshot(session), pos))
     timings = {(policy, checkpoint): [] for policy, checkpoint, _, _ in states}
+    # every state once per round, so all see the machine at the same moments, in an order drawn anew each round:
+    # in a fixed order each state always follows the same one, and a state after h2o's (which allocates at
+    # every decode step) decoded 5-12% slower than alone (stop 42)
+    orders = [random.Random(r).sample(states, len(states)) for r in range(rounds)]
     with tqdm(total=2 * rounds * len(states), unit="round", desc="latency: rounds") as bar:
-        for r in range(rounds):  # round-robin: every state sees the machine at the same moments
-            for policy, checkpoint, session, pos in states:
+        for r in range(rounds):
+            for policy, checkpoint, session, pos in orders[r]:
                 q = ids[pos + r * QUESTION: pos + (r + 1) * QUESTION][None]
                 memory.before()
                 timings[policy, checkpoint].append(one_round(session, q, clock))
                 memory.after((policy, checkpoint))
                 bar.update()
         for r in range(rounds):  # then a clip turn on each, after its question rounds
-            for policy, checkpoint, session, pos in states:
+            for policy, checkpoint, session, pos in orders[r]:
                 start = pos + rounds * QUESTION + r * CLIP
                 memory.before()
                 timings[policy, checkpoint][r] |= clip_round(session, ids[start:start + CLIP][None], clock)

@@ -290,7 +290,7 @@ class StreamSession:
                     staged[0].copy_(token, non_blocking=True)
                     staged[1].copy_(done, non_blocking=True)
                     ready = torch.cuda.Event()
-                    ready.record()
+                    ready.record(torch.cuda.current_stream(self.device))  # the model's GPU, not the current one
                 if compiled is not None and self.run_ahead and not last:
                     ahead = compiled.launch(self.cache, token)  # dropped if the answer ends at this token
                 if staged is not None:
