@@ -275,9 +275,8 @@ class StreamSession:
         # what makes a step plain is fixed for an answer (a new turn ends it): checked once, not per token
         compiled = self._compiled if self._compiled is not None and self._compiled.why_not(self.cache) is None \
             else None
-        # a GPU hands each token over through pinned memory, so that a compiled step for it can run meanwhile
-        staged = torch.empty((2, self.batch), dtype=torch.long, pin_memory=True) if self.device.type == "cuda" \
-            else None
+        run_ahead = compiled is not None and self.run_ahead
+        hand_over = _HandOver(self.device, self.batch)
         ahead = None  # the logits of the step launched for the token in the consumer's hands, not yet committed
         try:
             t0 = self._clock()
@@ -286,18 +285,10 @@ class StreamSession:
                 token = torch.where(done, token.new_full(token.shape, filler), token)
                 done |= torch.isin(token, eos_ids)
                 last = step == max_new_tokens - 1
-                if staged is not None:
-                    staged[0].copy_(token, non_blocking=True)
-                    staged[1].copy_(done, non_blocking=True)
-                    ready = torch.cuda.Event()
-                    ready.record(torch.cuda.current_stream(self.device))  # the model's GPU, not the current one
-                if compiled is not None and self.run_ahead and not last:
+                hand_over.send(token, done)
+                if run_ahead and not last:
                     ahead = compiled.launch(self.cache, token)  # dropped if the answer ends at this token
-                if staged is not None:
-                    ready.synchronize()
-                    handed, finished = staged[0].clone(), bool(staged[1].all())
-                else:
-                    handed, finished = token, bool(done.all())
+                handed, finished = hand_over.receive()
                 self.last.decoded = step + 1
                 self.last.decode_s += time.perf_counter() - t0  # the token is ready: its steps have run
                 yield handed
@@ -341,6 +332,33 @@ class StreamSession:
     @property
     def kv_bytes(self) -> int:
         return self.cache.kv_bytes
+
+
+class _HandOver:
+    """How each answer token reaches the consumer. From a GPU it goes through pinned host memory with the rows'
+    end flags, and only that copy is waited for, so a step queued after it (run ahead) keeps the GPU busy; on a
+    CPU the token is there already."""
+
+    def __init__(self, device: torch.device, batch: int):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.host = torch.empty((2, batch), dtype=torch.long, pin_memory=True)
+            self.ready = torch.cuda.Event()
+
+    def send(self, token: torch.Tensor, done: torch.Tensor) -> None:
+        self.token, self.done = token, done
+        if self.cuda:
+            self.host[0].copy_(token, non_blocking=True)
+            self.host[1].copy_(done, non_blocking=True)
+            self.ready.record(torch.cuda.current_stream(self.device))  # the model's GPU, not the current one
+
+    def receive(self) -> tuple[torch.Tensor, bool]:
+        """The tokens (B,) on the CPU and whether every row has ended, once they are there."""
+        if not self.cuda:
+            return self.token, bool(self.done.all())
+        self.ready.synchronize()
+        return self.host[0].clone(), bool(self.host[1].all())
 
 
 def _eos_set(eos) -> set[int]:
