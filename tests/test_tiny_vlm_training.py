@@ -192,6 +192,22 @@ def test_continued_training_starts_from_the_weights_files_lora_and_refuses_anoth
         set_lora(add_lora(other, replace(TrainConfig(), lora_rank=4)), start)
 
 
+def test_make_train_starts_from_the_base_the_committed_weights_were_trained_on():
+    """`make train-tiny-vlm` continues from `models/tiny_vlm/base`: the file whose sha256 the committed weights'
+    last training recorded as its start, and the folder the Makefile names."""
+    import re
+    from pathlib import Path
+
+    from models.tiny_vlm.model import WEIGHTS
+
+    base = WEIGHTS.parent / "base"
+    committed = json.loads((WEIGHTS / "config.json").read_text())
+    assert hashlib.sha256((base / "tiny_vlm.safetensors").read_bytes()).hexdigest() == committed["data"]["init_sha256"]
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text()
+    assert re.search(r"^TINY_VLM_BASE \?= models/tiny_vlm/base$", makefile, re.M)
+    assert makefile.count("init='\"$(TINY_VLM_BASE)\"'") == 2
+
+
 def test_continuing_from_a_folder_without_weights_is_a_one_line_error(tmp_path, capsys):
     from models.tiny_vlm.train import main
 
