@@ -7,6 +7,7 @@ hf_models, compiled_decode and sdpa_backends take `--shape` (a randomly initiali
 
 import argparse
 import importlib
+import os
 import sys
 
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
@@ -31,7 +32,11 @@ def main(argv=None) -> int:
                         "speed and memory only (latency, compiled_decode, sdpa_backends: vicuna-7b, llama-2-7b-32k; "
                         "hf_models: 7b)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--old-tree", help="prefill: also time the checkout in this folder (e.g. `git worktree add "
+                        "DIR 57ad80a`, the commit before issue 23) in its own process, turn by turn with the rest")
     args = parser.parse_args(argv)
+    if args.old_tree and not all(os.path.isdir(os.path.join(args.old_tree, d)) for d in ("models", "streaming")):
+        parser.error(f"--old-tree {args.old_tree}: not a checkout of this project (no models/ or streaming/)")
     module = importlib.import_module(f"benchmarks.{args.name}")
     try:
         module.run(args)

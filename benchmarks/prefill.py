@@ -7,7 +7,19 @@ tiny-vlm on the bundled clip, `inf_mllm` at budget 512 with the cache full: the 
 a clip turn again and again, the paths alternating turn by turn (one session with buffers, one without), so
 all see the same cache size, the same eviction and the same machine load. Medians of `session.last.prefill_s`
 (the forward) and of the turn with its eviction, and the old path's over the new one's.
+
+`--old-tree DIR` adds the code the issue measured, whole: a checkout of the commit before issue 23 (`git worktree
+add DIR 57ad80a`) prefills the same turn in its own process (`prefill_worker.py`) with its own OpenMP setting,
+taking its turn among the paths here. Each round visits the paths in an order drawn anew, and each turn starts
+after a 10 ms pause, so no process's OpenMP workers are still spinning from the turn before.
 """
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -36,26 +48,72 @@ def run(args):
                 vlm.append_clip(session, visual, 1)
     turn = vlm.clip_turn(visual, 1, 0.0)
     paths = {name: (static, every) for name, static, every in PATHS}
-    prefill, whole = ({name: [] for name in paths} for _ in range(2))
-    with torch.inference_mode():
-        for r in tqdm(range(len(paths) * rounds), desc="prefill", unit="turn"):
-            name = list(paths)[r % len(paths)]
-            static, every = paths[name]
-            session = sessions[static]
-            session.append(inputs_embeds=turn, all_logits=every)
-            prefill[name].append(session.last.prefill_s)
-            whole[name].append(session.last.prefill_s + session.last.evict_s)
+    before = None
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.old_tree:
+            torch.save(turn, Path(tmp) / "turn.pt")
+            before = OldTree(args.old_tree, Path(tmp) / "turn.pt")
+            paths[before.name] = before
+        prefill, whole = ({name: [] for name in paths} for _ in range(2))
+        try:
+            rng = np.random.default_rng(0)  # each round in an order drawn anew: no path always follows another
+            order = [str(name) for _ in range(rounds) for name in rng.permutation(list(paths))]
+            with torch.inference_mode():
+                for name in tqdm(order, desc="prefill", unit="turn"):
+                    time.sleep(0.01)
+                    if paths[name] is before:
+                        prefill_s, evict_s = before.turn()
+                    else:
+                        static, every = paths[name]
+                        session = sessions[static]
+                        session.append(inputs_embeds=turn, all_logits=every)
+                        prefill_s, evict_s = session.last.prefill_s, session.last.evict_s
+                    prefill[name].append(prefill_s)
+                    whole[name].append(prefill_s + evict_s)
+        finally:
+            if before is not None:
+                before.close()
     tokens = turn.shape[1]
     records = []
     for name in paths:
         records += [record("prefill", name, BUDGET, "prefill_ms", 1e3 * median(prefill[name]), tokens),
                     record("prefill", f"{name}, with eviction", BUDGET, "prefill_ms", 1e3 * median(whole[name]),
                            tokens)]
-    old, new = PATHS[0][0], PATHS[-1][0]
-    for label, times in (("prefill", prefill), ("with eviction", whole)):
-        ratio = median(times[old]) / median(times[new])
-        records.append(record("prefill", f"speed-up, {label} (old / new)", BUDGET, "ratio", ratio, tokens))
+    new = PATHS[-1][0]
+    for old in [PATHS[0][0]] + ([before.name] if before else []):
+        for label, times in (("prefill", prefill), ("with eviction", whole)):
+            ratio = median(times[old]) / median(times[new])
+            what = "old" if old == PATHS[0][0] else "before issue 23"
+            records.append(record("prefill", f"speed-up, {label} ({what} / new)", BUDGET, "ratio", ratio, tokens))
     print_table(records, ["prefill_ms", "ratio"])
-    print(f"clip turn of {tokens} tokens, budget {BUDGET}, {rounds} turns per path: prefill "
-          f"{1e3 * median(prefill[old]):.1f} ms → {1e3 * median(prefill[new]):.1f} ms")
+    for old in [PATHS[0][0]] + ([before.name] if before else []):
+        print(f"clip turn of {tokens} tokens, budget {BUDGET}, {rounds} turns per path: prefill "
+              f"{1e3 * median(prefill[old]):.1f} ms ({old}) → {1e3 * median(prefill[new]):.1f} ms ({new})")
     write(args.out, "prefill", records, [])
+
+
+class OldTree:
+    """Another checkout's prefill of the same turn, in its own process (`prefill_worker.py`)."""
+
+    def __init__(self, tree: str, turn_path: Path):
+        tree = Path(tree).resolve()  # checked by `python -m benchmarks`
+        commit = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%h"], capture_output=True, text=True)
+        self.name = f"before issue 23 ({commit.stdout.strip() or tree.name}), its own process"
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+        env["PYTHONPATH"] = str(tree)
+        worker = Path(__file__).with_name("prefill_worker.py")
+        self.proc = subprocess.Popen([sys.executable, "-P", str(worker), str(turn_path), str(BUDGET)], cwd=tree,
+                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"--old-tree {tree}: its prefill did not start (exit {self.proc.wait()})")
+
+    def turn(self) -> tuple[float, float]:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        prefill_s, evict_s = self.proc.stdout.readline().split()
+        return float(prefill_s), float(evict_s)
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)

@@ -6,7 +6,9 @@ tensor. A bounded cache has a known largest size (its budget plus the longest tu
 K/V can live in a buffer of that capacity, the cache being the first `n` rows: a decode step writes one
 row, an eviction writes the kept rows back to the front, and once the buffer has seen the longest turn
 and answer nothing is allocated again (`transformers.StaticLayer` is the model). Capacity grows in steps
-of `GRAIN` rows when a turn needs more; the full cache grows the same way. What a layer keeps per token
+of `GRAIN` rows when a turn needs more; the full cache grows the same way. A session that knows its longest
+turn and answer reserves them from the first write (`least`), so the buffers keep one shape for the whole
+stream: one compile, one CUDA graph. What a layer keeps per token
 besides K/V ((B, H, n): turn ids, accumulated attention, multimodal unit bases) grows by decode steps as
 well, so it lives in the same kind of buffer: dimension 2 is always the token.
 """
@@ -27,6 +29,7 @@ class KVBuffer:
         self.buf: torch.Tensor | None = None
         self.n = 0
         self.empty: torch.Tensor | None = None  # what transformers' lazy initialisation sets before any row
+        self.least = 0  # rows any allocation takes at least (StreamingCache.reserve)
         self._first, self._rows = None, 0  # `take`'s first row of each head, for a buffer of `_rows` rows
 
     def get(self) -> torch.Tensor | None:
@@ -93,9 +96,16 @@ class KVBuffer:
         only be written there."""
         return torch.inference_mode(self.buf is not None and torch.is_inference(self.buf))
 
+    def reserve(self, rows: int) -> None:
+        """At least `rows` rows from now on (`least`), grown to at once if the buffer holds fewer."""
+        self.least = rows
+        if self.static and self.buf is not None and self.capacity < rows:
+            self._reserve(self.buf, self.n, keep=self.n)
+
     def fit(self) -> None:
-        """Give back the capacity beyond the cache's rows (rounded up to GRAIN): after a budget is tightened."""
-        if self.static and self.buf is not None and self.capacity > -(-max(self.n, 1) // GRAIN) * GRAIN:
+        """Give back the capacity beyond the cache's rows and `least` (rounded up to GRAIN): after a budget is
+        tightened."""
+        if self.static and self.buf is not None and self.capacity > _rounded(max(self.n, self.least, 1)):
             rows = self.get().clone()
             self.buf = None
             self.set(rows)
@@ -115,7 +125,7 @@ class KVBuffer:
         (b, h), tail = like.shape[:2], like.shape[3:]
         # zeros, not empty: a compiled decode step (compiled.py) reads the rows past the cache, masked, and a
         # masked NaN still poisons attention (0 × NaN)
-        grown = like.new_zeros((b, h, -(-n // GRAIN) * GRAIN, *tail))
+        grown = like.new_zeros((b, h, _rounded(max(n, self.least)), *tail))
         if keep:
             grown[:, :, :keep].copy_(self.buf[:, :, :keep])
         self.buf = grown
@@ -123,3 +133,7 @@ class KVBuffer:
     def _write(self, at: int, rows: torch.Tensor) -> None:
         with self.writing():
             self.buf[:, :, at:at + rows.shape[2]].copy_(rows)
+
+
+def _rounded(rows: int) -> int:
+    return -(-rows // GRAIN) * GRAIN

@@ -82,7 +82,10 @@ class StreamingLayer(DynamicLayer):
         """seen[key], a per-token statistic (B, H, n), with `rows` appended, in a buffer of its own: as the
         statistic was last set (an eviction gives a tensor of its own, copied in once; the buffer's own
         rows move nothing), not a new tensor per decode step."""
-        buf = self._stats.setdefault(key, KVBuffer(self.cache.static))
+        buf = self._stats.get(key)
+        if buf is None:
+            buf = self._stats[key] = KVBuffer(self.cache.static)
+            buf.least = self._k.least
         buf.set(self.seen.get(key))
         self.seen[key] = buf.append(rows)
 
@@ -283,6 +286,11 @@ class StreamingLayer(DynamicLayer):
         self._k.fit()
         self._v.fit()
 
+    def reserve(self, rows: int) -> None:
+        """Every buffer of the layer takes at least `rows` rows when it allocates."""
+        for buf in (self._k, self._v, self._ids, self._base, *self._stats.values()):
+            buf.reserve(rows)
+
     def _moved(self, keys: torch.Tensor, delta: torch.Tensor, start: int, out: torch.Tensor | None = None):
         """Keys re-rotated by `delta` as the layer's tokens move to sit from `start` (into `out` if given). A token
         never moves right by more than the start moved (only tokens before it drop out) nor left by more than
@@ -372,6 +380,7 @@ class StreamingCache(Cache):
         self.layers = [StreamingLayer(i, self) for i in range(num_layers)]
         self.policy = policy
         self.budgets = budgets  # nominal per-layer budgets; the allocator splits their sum at each eviction
+        self.headroom = 0  # rows reserved beyond each budget (`reserve`)
         self.observers = policy.all_observers()
         self.inv_freq = inv_freq
         self.rotations = RotationTable(inv_freq)
@@ -475,8 +484,20 @@ class StreamingCache(Cache):
         self.budgets = list(budgets)
         fresh = all(layer.has_scores(self.policy) for layer in self.layers if layer.is_initialized)
         self.evict(None if fresh else build(PolicySpec("streaming_llm")))
+        self.reserve(self.headroom)
         for layer in self.layers:
             layer.fit()
+
+    def reserve(self, headroom: int) -> None:
+        """Buffers sized once: each layer's take its budget plus `headroom` rows (the longest turn plus the
+        longest answer) at their first write, so their shape holds for the whole stream, as a compiled decode
+        step needs (a new shape is a new compile; on a GPU, a new CUDA graph). A floor, not a cap: a longer
+        turn, or recall linking spans in, still grows them. No-op for an unbounded cache."""
+        self.headroom = headroom
+        if self.budgets is None:
+            return
+        for layer, budget in zip(self.layers, self.budgets, strict=True):
+            layer.reserve(budget + headroom if headroom else 0)
 
     def step(self) -> None:
         """After a decode step: policies that evict while decoding (H2O, Elastic's fixed-point

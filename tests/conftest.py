@@ -1,6 +1,4 @@
-import os
-
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads OpenMP, as `streaming` does
+import streaming  # noqa: F401, I001  (first: its OpenMP waiting is set before torch loads, as in every entry point)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

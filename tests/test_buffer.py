@@ -106,3 +106,38 @@ def test_a_tightened_budget_gives_its_reserved_memory_back(smol):
     assert layer.keys.shape[2] == layer.values.shape[2] <= 200
     assert layer._k.capacity == layer._v.capacity == GRAIN
     assert torch.equal(layer.values[:, :, -10:], newest)
+
+
+def test_a_buffer_allocates_at_least_what_was_reserved_and_keeps_it_when_fitted():
+    buf = KVBuffer()
+    buf.least = GRAIN + 40
+    buf.append(torch.ones(1, 2, 3, 4))
+    assert buf.capacity == 2 * GRAIN and buf.n == 3  # the reserve, rounded up, at the first write
+    first = buf.buf
+    buf.append(torch.ones(1, 2, GRAIN, 4))
+    assert buf.buf is first  # within the reserve: no new tensor
+    buf.set(buf.get()[:, :, :5])
+    buf.fit()
+    assert buf.capacity == 2 * GRAIN and buf.buf is first  # fitting gives back nothing below the reserve
+
+
+def test_a_reserved_session_keeps_one_buffer_shape_from_its_first_turn(smol):
+    """Budget + longest turn + longest answer reserved before the first turn: every turn and answer up to those
+    lengths writes into the same tensors, the shape a compiled decode step was traced on; a tightened budget
+    (out of memory) shrinks the reserve with it."""
+    model, tok = smol
+    session = StreamSession(model, tok, "inf_mllm", budget=192, window=16)
+    session.cache.reserve(80 + 1 + 12)
+    gen = torch.Generator().manual_seed(1)
+    layer = session.cache.layers[5]
+    buffers = None
+    for turn in range(12):
+        length = 80 if turn in (3, 9) else int(torch.randint(8, 80, (1,), generator=gen))
+        session.append(torch.randint(100, 20000, (1, length), generator=gen))
+        if buffers is None:
+            buffers = (layer._k.buf, layer._v.buf)
+        list(session.generate(12 if turn in (3, 9) else 3, eos_token_id=[]))
+        assert layer._k.buf is buffers[0] and layer._v.buf is buffers[1], turn
+    assert layer._k.capacity == -(-(192 + 80 + 1 + 12) // GRAIN) * GRAIN
+    session.cache.shrink([64] * len(session.cache.layers))
+    assert layer._k.capacity == layer._v.capacity == GRAIN  # 64 + 93 rows

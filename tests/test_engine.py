@@ -9,6 +9,7 @@ import time
 import psutil
 import pytest
 
+from inf_mllm.buffer import GRAIN
 from streaming.engine import TurnEngine
 from streaming.memory import trim_heap
 from streaming.questions import Question, Schedule
@@ -269,3 +270,18 @@ def test_simulated_oom_in_a_question_prefill_is_retried(vlm, small_video, monkey
     assert len(calls) == 2 and len(answers) == 1 and answers[0].answer
     assert engine.telemetry.oom_retries == 1 and "question 'what color is it?'" in warnings[0]
     assert min(session.cache.budgets) == 72
+
+
+def test_the_engine_reserves_its_longest_turn_and_answer_so_buffers_keep_one_shape(vlm):
+    """The engine knows the clip turn and answer lengths it runs: from the first clip turn on, through evictions,
+    the bounded cache's buffers are the same tensors (what a compiled decode step needs), sized budget + turn + 1
+    + answer. Without the reserve they grow past their first 256 rows mid-stream."""
+    session = vlm.new_session("inf_mllm", budget=224)
+    engine = TurnEngine(vlm, session, clip_seconds=1.0, max_new_tokens=4)
+    layer, seen = session.cache.layers[7], []
+    schedule = Schedule([Question("is there a bicycle?", t) for t in (2.0, 5.0, 8.0)])
+    answers = list(engine.run(FileSource(bundled_clip(), fps=1.0), schedule,
+                              on_clip=lambda clip: seen.append((layer._k.buf, layer._v.buf, session.kv_tokens))))
+    assert len(seen) == 10 and len(answers) == 3 and session.seen > 224 + 128 and max(kv for *_, kv in seen) >= 200
+    assert all(k is seen[0][0] and v is seen[0][1] for k, v, _ in seen) and layer._k.buf is seen[0][0]
+    assert layer._k.capacity == -(-(224 + vlm.turn_tokens() + 1 + 4) // GRAIN) * GRAIN == 2 * GRAIN

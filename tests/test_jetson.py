@@ -262,14 +262,18 @@ def test_soak_bad_arguments_are_one_line(tmp_path):
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
 
 
-def test_streaming_sets_passive_openmp_waiting_before_torch_loads():
-    code = "import os, streaming, sys; print(os.environ['OMP_WAIT_POLICY'], 'torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"})
-    assert out.stdout.split() == ["PASSIVE", "False"]
-    mine = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "OMP_WAIT_POLICY": "ACTIVE"})
-    assert mine.stdout.split() == ["ACTIVE", "False"]  # a user's own setting wins
+def test_streaming_sets_passive_openmp_waiting_with_a_short_spin_before_torch_loads():
+    code = ("import os, streaming, sys; "
+            "print(os.environ['OMP_WAIT_POLICY'], os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)")
+    bare = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=bare)
+    assert out.stdout.split() == ["PASSIVE", "3000", "False"]
+    for mine, seen in (({"OMP_WAIT_POLICY": "ACTIVE"}, ["ACTIVE", "None"]),  # a user's own setting wins
+                       ({"OMP_WAIT_POLICY": "PASSIVE"}, ["PASSIVE", "None"]),
+                       ({"GOMP_SPINCOUNT": "0"}, ["PASSIVE", "0"])):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                             env={**bare, **mine})
+        assert out.stdout.split() == [*seen, "False"], mine
 
 
 @pytest.mark.slow
