@@ -490,9 +490,9 @@ class StreamingCache(Cache):
 
     def reserve(self, headroom: int) -> None:
         """Buffers sized once: each layer's take its budget plus `headroom` rows (the longest turn plus the
-        longest answer) at their first write, so their shape holds for the whole stream, as a compiled decode
-        step needs (a new shape is a new compile; on a GPU, a new CUDA graph). A floor, not a cap: a longer
-        turn, or recall linking spans in, still grows them. No-op for an unbounded cache."""
+        longest answer), now or at their first write, so their shape holds for the whole stream, as a compiled
+        decode step needs (a new shape is a new compile; on a GPU, a new CUDA graph). A floor, not a cap: a
+        longer turn, or recall linking spans in, still grows them. No-op for an unbounded cache."""
         self.headroom = headroom
         if self.budgets is None:
             return

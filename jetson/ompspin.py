@@ -26,7 +26,7 @@ from streaming.sources import bundled_clip
 # the environment each variant adds; an empty value is invalid to libgomp, which then keeps its default
 VARIANTS = {
     "libgomp default": {"OMP_WAIT_POLICY": ""},
-    "passive, no spin": {"OMP_WAIT_POLICY": "PASSIVE"},  # what `streaming` set before issue 23
+    "passive, no spin": {"OMP_WAIT_POLICY": "PASSIVE"},  # what `streaming` set until stop 45
     "short spin, then passive (stream-qa)": {},  # unset: `streaming` sets both before torch loads
 }
 BUSY = "while True: pass"

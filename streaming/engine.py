@@ -101,9 +101,9 @@ class TurnEngine:
         the model has no room for and count it in `telemetry.dropped`; otherwise ingest waits."""
         self.adapter, self.session = adapter, session
         self.clip_seconds, self.max_new_tokens = clip_seconds, max_new_tokens
-        # the longest turn and answer it runs are known here: the cache's buffers take them with the budget at
-        # their next allocation and keep that shape (one compile of a compiled decode step); +1: the held-back
-        # last answer token goes in front of the next turn
+        # the longest turn and answer it runs are known here: the cache's buffers grow to them and the budget now
+        # and keep that shape (one compile of a compiled decode step); +1: the held-back last answer token goes
+        # in front of the next turn
         session.cache.reserve(adapter.turn_tokens() + 1 + max_new_tokens)
         self.clips: queue.Queue = queue.Queue(maxsize=queue_size)
         self.drop_when_full = drop_when_full
