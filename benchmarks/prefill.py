@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from models import load_adapter
+from streaming import OPENMP_WAITING
 from streaming.sources import FileSource, bundled_clip
 
 from .common import median, print_table, record, write
@@ -80,13 +81,13 @@ def run(args):
                     record("prefill", f"{name}, with eviction", BUDGET, "prefill_ms", 1e3 * median(whole[name]),
                            tokens)]
     new = PATHS[-1][0]
-    for old in [PATHS[0][0]] + ([before.name] if before else []):
+    olds = {PATHS[0][0]: "old"} | ({before.name: "before issue 23"} if before else {})  # path: its ratio's name
+    for old, what in olds.items():
         for label, times in (("prefill", prefill), ("with eviction", whole)):
             ratio = median(times[old]) / median(times[new])
-            what = "old" if old == PATHS[0][0] else "before issue 23"
             records.append(record("prefill", f"speed-up, {label} ({what} / new)", BUDGET, "ratio", ratio, tokens))
     print_table(records, ["prefill_ms", "ratio"])
-    for old in [PATHS[0][0]] + ([before.name] if before else []):
+    for old in olds:
         print(f"clip turn of {tokens} tokens, budget {BUDGET}, {rounds} turns per path: prefill "
               f"{1e3 * median(prefill[old]):.1f} ms ({old}) → {1e3 * median(prefill[new]):.1f} ms ({new})")
     write(args.out, "prefill", records, [])
@@ -99,7 +100,7 @@ class OldTree:
         tree = Path(tree).resolve()  # checked by `python -m benchmarks`
         commit = subprocess.run(["git", "-C", str(tree), "log", "-1", "--format=%h"], capture_output=True, text=True)
         self.name = f"before issue 23 ({commit.stdout.strip() or tree.name}), its own process"
-        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+        env = {k: v for k, v in os.environ.items() if k not in OPENMP_WAITING}
         env["PYTHONPATH"] = str(tree)
         worker = Path(__file__).with_name("prefill_worker.py")
         self.proc = subprocess.Popen([sys.executable, "-P", str(worker), str(turn_path), str(BUDGET)], cwd=tree,

@@ -19,6 +19,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from streaming import OPENMP_WAITING
 from streaming.questions import SAMPLE_QUESTION
 from streaming.records import print_table, pyplot, record, write
 from streaming.sources import bundled_clip
@@ -33,7 +34,7 @@ BUSY = "while True: pass"
 
 
 def one_run(variant: dict, clip: str) -> list[float]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")} | variant
+    env = {k: v for k, v in os.environ.items() if k not in OPENMP_WAITING} | variant
     argv = [sys.executable, "-m", "streaming.cli", clip, "--fast", "--json", "--loop", "3", "--clip-seconds", "2",
             "--every", "2s", "--question", SAMPLE_QUESTION, "--max-new-tokens", "4"]
     out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)

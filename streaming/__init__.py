@@ -10,6 +10,7 @@ import os
 # prefill ~30% slower (`python -m benchmarks prefill`). So: passive, with a short spin first (3,000
 # turns, ~0.25 ms; `python -m jetson ompspin` measures all three). Set before torch loads OpenMP, so
 # here, where every entry point passes first; a user's own OMP_WAIT_POLICY or GOMP_SPINCOUNT wins.
+OPENMP_WAITING = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # what is set here; a run meant to set its own unsets both
 if "OMP_WAIT_POLICY" not in os.environ:
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     os.environ.setdefault("GOMP_SPINCOUNT", "3000")

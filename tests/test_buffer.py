@@ -29,19 +29,26 @@ def test_buffers_give_the_dynamic_layers_logits_answers_and_kept_tokens(smol, po
     assert static.cache.layers[0]._k.static and not dynamic.cache.layers[0]._k.static
 
 
+def _turns(count: int, longest: int, longest_at: tuple[int, ...], seed: int):
+    """(turn, ids (1, L), whether it is a longest one): random turns of 8 to `longest` tokens, `longest` at the turns
+    `longest_at`."""
+    gen = torch.Generator().manual_seed(seed)
+    for turn in range(count):
+        length = longest if turn in longest_at else int(torch.randint(8, longest, (1,), generator=gen))
+        yield turn, torch.randint(100, 20000, (1, length), generator=gen), turn in longest_at
+
+
 @pytest.mark.slow  # ~40 s on 2 cores: run by `make test-slow` in CI
 def test_a_bounded_session_stops_allocating_after_its_longest_turn_and_answer(smol):
     """60 turns of up to 96 tokens with answers of up to 24: the buffers never overflow (every write fits
     or grows first) and, once the longest turn and answer have been seen, stay the same tensors."""
     model, tok = smol
     session = StreamSession(model, tok, "inf_mllm", budget=256, window=16)
-    gen = torch.Generator().manual_seed(0)
     layer = session.cache.layers[3]
     buffers = None
-    for turn in range(60):
-        length = 96 if turn in (5, 50) else int(torch.randint(8, 96, (1,), generator=gen))
-        session.append(torch.randint(100, 20000, (1, length), generator=gen))
-        list(session.generate(24 if turn in (5, 50) else 4, eos_token_id=[]))
+    for turn, ids, longest in _turns(60, 96, (5, 50), seed=0):
+        session.append(ids)
+        list(session.generate(24 if longest else 4, eos_token_id=[]))
         assert layer.keys.shape[2] <= layer._k.capacity
         if turn == 10:
             buffers = (layer._k.buf, layer._v.buf)
@@ -128,15 +135,13 @@ def test_a_reserved_session_keeps_one_buffer_shape_from_its_first_turn(smol):
     model, tok = smol
     session = StreamSession(model, tok, "inf_mllm", budget=192, window=16)
     session.cache.reserve(80 + 1 + 12)
-    gen = torch.Generator().manual_seed(1)
     layer = session.cache.layers[5]
     buffers = None
-    for turn in range(12):
-        length = 80 if turn in (3, 9) else int(torch.randint(8, 80, (1,), generator=gen))
-        session.append(torch.randint(100, 20000, (1, length), generator=gen))
+    for turn, ids, longest in _turns(12, 80, (3, 9), seed=1):
+        session.append(ids)
         if buffers is None:
             buffers = (layer._k.buf, layer._v.buf)
-        list(session.generate(12 if turn in (3, 9) else 3, eos_token_id=[]))
+        list(session.generate(12 if longest else 3, eos_token_id=[]))
         assert layer._k.buf is buffers[0] and layer._v.buf is buffers[1], turn
     assert layer._k.capacity == -(-(192 + 80 + 1 + 12) // GRAIN) * GRAIN
     session.cache.shrink([64] * len(session.cache.layers))

@@ -19,6 +19,7 @@ import pytest
 
 from jetson.soak import policy_options, records, soak_one
 from jetson.tegrastats import Tegrastats, parse_nvpmodel, parse_tegrastats
+from streaming import OPENMP_WAITING
 from streaming.memory import MARGINS, MB, MemorySample, auto_budget, budget_tokens, parse_meminfo, probe
 from streaming.soak import EveryKRounds, linear_fit, verdict
 
@@ -265,7 +266,7 @@ def test_soak_bad_arguments_are_one_line(tmp_path):
 def test_streaming_sets_passive_openmp_waiting_with_a_short_spin_before_torch_loads():
     code = ("import os, streaming, sys; "
             "print(os.environ['OMP_WAIT_POLICY'], os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)")
-    bare = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    bare = {k: v for k, v in os.environ.items() if k not in OPENMP_WAITING}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=bare)
     assert out.stdout.split() == ["PASSIVE", "3000", "False"]
     for mine, seen in (({"OMP_WAIT_POLICY": "ACTIVE"}, ["ACTIVE", "None"]),  # a user's own setting wins
