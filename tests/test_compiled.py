@@ -128,3 +128,15 @@ def test_stream_qa_compile_decode_gives_the_eager_answers():
     eager = answers()
     assert len(eager) == 2 and all(eager)
     assert answers("--compile-decode") == eager
+
+
+@pytest.mark.parametrize("options, compiled", [([], False), (["--device", "cuda"], True),
+                                               (["--device", "cuda:1"], True),
+                                               (["--device", "cuda", "--no-compile-decode"], False),
+                                               (["--compile-decode"], True)])
+def test_stream_qa_compiles_decode_by_default_where_it_is_faster_a_gpu(options, compiled):
+    """On an H200 the compiled 7B step is 5.6-8.8x faster than eager; on this CPU it is no faster."""
+    from streaming.cli import build_parser, compiles_decode
+    from streaming.sources import bundled_clip
+
+    assert compiles_decode(build_parser().parse_args([str(bundled_clip()), *options])) is compiled
