@@ -32,6 +32,7 @@ def main(argv=None) -> int:
                         "speed and memory only (latency, compiled_decode, sdpa_backends: vicuna-7b, llama-2-7b-32k; "
                         "hf_models: 7b)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--rounds", type=int, help="latency: timed rounds per state (default 9; 3 with --quick)")
     parser.add_argument("--old-tree", help="prefill: also time the checkout in this folder (e.g. `git worktree add "
                         "DIR 57ad80a`, the commit before issue 23) in its own process, turn by turn with the rest")
     args = parser.parse_args(argv)

@@ -119,7 +119,7 @@ def run(args):
     model, tok = load(args.shape, device)
     budget = 1024
     checkpoints = checkpoints_for(args, cuda)
-    rounds = 3 if args.quick else 9
+    rounds = args.rounds or (3 if args.quick else 9)
     ids = stream(tok, model, checkpoints[-1] + rounds * (QUESTION + CLIP) + FEED).to(device)
     limit = model.config.max_position_embeddings
     memory = Memory(model, device)

@@ -299,3 +299,23 @@ def test_tiny_variant_merges_and_generates_with_smollm2():
     assert 1 <= len(tokens) <= 4 and all(0 <= t < adapter.model.config.vocab_size for t in tokens)
     assert session.kv_tokens <= 48 + len(tokens)
     assert math.isfinite(float(adapter.encode_clip(*first).float().abs().sum()))
+
+
+@pytest.mark.slow  # compiles the step (~20 s on 2 cores)
+def test_compiled_decode_answers_the_eager_tokens(assets):
+    """`stream-qa` compiles decode by default on a GPU: Chat-UniVi's step compiles and answers as the eager one
+    does."""
+    from models.chat_univi.model import ChatUniVi
+
+    adapter = ChatUniVi(assets["root"] / "ckpt-safetensors")
+    answers, sessions = [], [adapter.new_session("inf_mllm", budget=256, window=16, compile_decode=c) for c in (0, 1)]
+    steps = sessions[1]._compiled.steps
+    for session in sessions:
+        session.cache.reserve(adapter.turn_tokens() + 1 + 5)
+        for i in range(1, 5):
+            adapter.add_clip(session, *random_clip(i), index=i)
+            if i % 2 == 0:
+                session.append(adapter.question_turn("What happens in the video?"))
+                answers.append([int(t[0]) for t in session.generate(5, eos_token_id=[])])
+    assert answers[:2] == answers[2:]
+    assert sessions[1]._compiled.steps - steps == 2 * 4

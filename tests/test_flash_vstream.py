@@ -300,3 +300,19 @@ def test_tiny_variant_answers_from_memory():
     assert session.last.decoded == 3 and isinstance(text, str)
     assert session.kv_tokens <= budget + 3
     assert tiny.describe().visual_tokens == 189
+
+
+@pytest.mark.slow  # compiles the step (~20 s on 2 cores)
+def test_compiled_decode_answers_the_eager_tokens(flash):
+    """`stream-qa` compiles decode by default on a GPU: with the memory's read-out in each question turn, the
+    compiled step answers as the eager one does (one session at a time: a new session resets the memory)."""
+    answers = []
+    for compiled in (False, True):
+        session = flash.new_session("inf_mllm", budget=96, window=8, compile_decode=compiled)
+        steps = compiled and session._compiled.steps
+        for index in (1, 2, 3):
+            flash.add_clip(session, frames(index), [3.0 * index + t for t in range(3)], index)
+            session.append(inputs_embeds=flash.question_embeds("What happens?"))
+            answers.append([int(t[0]) for t in session.generate(4, eos_token_id=[])])
+    assert answers[:3] == answers[3:]
+    assert session._compiled.steps - steps == 3 * 3

@@ -315,3 +315,27 @@ def test_a_recalled_qwen_clip_lands_at_positions_that_keep_its_geometry(family, 
     assert (linked - fresh).abs().max() <= 1e-4 * float(fresh.abs().max())
     recall.unlink(session.cache)
     assert layer.keys.shape[2] == n and session.cache.rope_end == end  # gone again, positions as before
+
+
+@pytest.mark.slow  # compiles each family's step (~20 s each on 2 cores)
+def test_compiled_decode_answers_the_eager_tokens_on_each_family(adapter):
+    """`stream-qa` compiles decode by default on a GPU, for whatever model it runs: each family's step compiles
+    and answers as the eager one does, or (multimodal RoPE: Qwen2-VL, Qwen2.5-VL) runs eagerly."""
+    from inf_mllm.compiled import CompiledDecode
+
+    budget = 3 * adapter.turn_tokens()
+    eager, compiled = (adapter.new_session("inf_mllm", budget=budget, window=4, compile_decode=c) for c in (0, 1))
+    visual = adapter.encode(FRAMES, [0, 1, 2, 3])
+    steps = compiled._compiled.steps
+    answers = []
+    for session in (eager, compiled):
+        session.cache.reserve(adapter.turn_tokens() + 1 + 6)
+        for i in range(5):
+            adapter.append_clip(session, visual, i + 1, 4.0 * i)
+            if i % 2:
+                session.append_question(adapter.question_turn("what is in the video?"))
+                answers.append([int(t[0]) for t in session.generate(6, eos_token_id=[])])
+    assert answers[:2] == answers[2:]
+    plain = CompiledDecode.why_not(compiled.cache) is None
+    assert plain == (adapter.family.name not in QWEN)
+    assert compiled._compiled.steps - steps == (2 * 5 if plain else 0)
