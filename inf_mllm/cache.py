@@ -113,7 +113,8 @@ class StreamingLayer(DynamicLayer):
         self._grew(new)
         # announce even when nothing is observed: a layer of another cache left announced (a forward that
         # never reached attention) must not be taken for this one
-        attention.announce(self if self.cache.observers else None)
+        observed = self.cache.decode_observers if self.cache.is_decoding else self.cache.observers
+        attention.announce(self if observed else None)
         return keys, values
 
     def written(self, new: int) -> None:
@@ -385,6 +386,7 @@ class StreamingCache(Cache):
         self.inv_freq = inv_freq
         self.rotations = RotationTable(inv_freq)
         self.phase = "prompt"
+        self.decode_observers: list = []  # those that score decode steps (H2O's accumulated attention), per step
         # the current prompt's vision span end (tokens of the turn up to the last visual one), if announced
         self.vision_end: int | None = None
         self.vision_seen = False  # some turn held visual tokens
@@ -430,6 +432,9 @@ class StreamingCache(Cache):
         """Mark the one forward inside as a decode step: it neither opens a new turn nor refreshes the
         window scores. Scoped to that forward, so a paused answer leaves the cache in the prompt phase."""
         self.phase = "decode"
+        # found once per step, not per layer: Inf-MLLM's window observer skips decode steps, and a step of a
+        # layer nothing observes goes straight to SDPA, as streaming_llm's does
+        self.decode_observers = [obs for obs in self.observers if obs.queries(self.layers[0], 1, True)]
         try:
             yield self
         finally:
