@@ -20,6 +20,8 @@ an answer token before handing the token over (`launch`), and the layers count t
 on (`commit`), so the graph runs while the host hands the token over and prepares the next one.
 """
 
+import warnings
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -62,6 +64,7 @@ class CompiledDecode:
         self.model = model
         self.row = torch.zeros(1, dtype=torch.long, device=model.device)
         self.steps = 0  # steps run compiled, all sessions together
+        self.failed: str | None = None  # why compiling failed: every later step runs eagerly
         layers = model.config.get_text_config().num_hidden_layers
         self.view = Cache(layers=[BufferView(self.row) for _ in range(layers)])
         # on a GPU, CUDA graphs with autotuned kernels: Vicuna-7B's step on an H200 took 5.27 ms a replay with
@@ -106,6 +109,8 @@ class CompiledDecode:
         """`step` without its bookkeeping: `token`'s K/V go into the buffers' first free row, but the cache holds
         them only after `commit`. Until then the step may be dropped (the answer ended at `token`), and the next
         turn overwrites the row. On a GPU this returns once the work is queued."""
+        if self.failed:
+            return None
         n = cache.layers[0].get_seq_length()
         if any(n >= layer._k.capacity for layer in cache.layers):
             return None  # no free row: the eager step grows the buffers (and the next trace takes the new shape)
@@ -117,7 +122,15 @@ class CompiledDecode:
                     torch._dynamo.mark_static_address(keys)
                     torch._dynamo.mark_static_address(values)
         self.row.fill_(n)
-        return self._forward(token[:, None])[:, -1].clone()  # a CUDA graph's output is overwritten next replay
+        try:
+            logits = self._forward(token[:, None])
+        except Exception as err:  # noqa: BLE001 - no compiler here (a GPU without Triton), an op it cannot trace…
+            # whatever the step wrote is past the cache's end: the eager step writes that row again
+            self.failed = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            warnings.warn(f"compiled decode failed ({self.failed[:200]}); decoding eagerly from now on",
+                          stacklevel=2)
+            return None
+        return logits[:, -1].clone()  # a CUDA graph's output is overwritten next replay
 
     def commit(self, cache) -> None:
         """The launched step's row is the cache's."""

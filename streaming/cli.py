@@ -6,6 +6,7 @@ flushing every answer already given.
 """
 
 import argparse
+import importlib.util
 import json
 import sys
 import warnings
@@ -160,7 +161,8 @@ def compiles_decode(args) -> bool:
     """Whether decode runs compiled: as asked, else wherever it is faster (a GPU; benchmarks compiled_decode)."""
     if args.compile_decode is not None:
         return args.compile_decode
-    return args.device.split(":")[0] == "cuda"
+    # inductor's GPU kernels are Triton's: a CUDA build without it (some Jetson wheels) decodes eagerly
+    return args.device.split(":")[0] == "cuda" and importlib.util.find_spec("triton") is not None
 
 
 def load_session(args, spec: PolicySpec, adapter, folder=None):

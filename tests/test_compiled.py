@@ -130,13 +130,42 @@ def test_stream_qa_compile_decode_gives_the_eager_answers():
     assert answers("--compile-decode") == eager
 
 
-@pytest.mark.parametrize("options, compiled", [([], False), (["--device", "cuda"], True),
-                                               (["--device", "cuda:1"], True),
-                                               (["--device", "cuda", "--no-compile-decode"], False),
-                                               (["--compile-decode"], True)])
-def test_stream_qa_compiles_decode_by_default_where_it_is_faster_a_gpu(options, compiled):
-    """On an H200 the compiled 7B step is 5.6-8.8x faster than eager; on this CPU it is no faster."""
+@pytest.mark.parametrize("options, triton, compiled", [([], True, False), (["--device", "cuda"], True, True),
+                                                       (["--device", "cuda:1"], True, True),
+                                                       (["--device", "cuda"], False, False),
+                                                       (["--device", "cuda", "--no-compile-decode"], True, False),
+                                                       (["--compile-decode"], True, True)])
+def test_stream_qa_compiles_decode_by_default_where_it_is_faster_a_gpu(options, triton, compiled, monkeypatch):
+    """On an H200 the compiled 7B step is 5.6-8.8x faster than eager; on this CPU it is no faster. A CUDA build
+    without Triton has no GPU compiler."""
+    import importlib.util
+
     from streaming.cli import build_parser, compiles_decode
     from streaming.sources import bundled_clip
 
-    assert compiles_decode(build_parser().parse_args([str(bundled_clip()), *options])) is compiled
+    args = build_parser().parse_args([str(bundled_clip()), *options])
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: find_spec(name) if triton else None)
+    assert compiles_decode(args) is compiled
+
+
+def test_a_compile_that_fails_warns_once_and_decodes_eagerly(smol):
+    """A GPU without Triton (some Jetson builds) or an op the compiler cannot trace: `stream-qa` compiles by
+    default on a GPU, so a failed compile must cost a warning, not the answer."""
+    model, tok = smol
+    ids = torch.randint(100, 20000, (1, 400), generator=torch.Generator().manual_seed(10))
+    eager = StreamSession(model, tok, "inf_mllm", budget=128, window=16)
+    session = StreamSession(model, tok, "inf_mllm", budget=128, window=16, compile_decode=True)
+    session._compiled = broken = CompiledDecode(model)  # not the model's shared step
+    calls = []
+
+    def no_compiler(token):
+        calls.append(token)
+        raise RuntimeError("Cannot find a working triton installation.\nMore details")
+
+    broken._forward = no_compiler
+    with pytest.warns(UserWarning, match=r"compiled decode failed \(RuntimeError: Cannot find a working triton "
+                                         r"installation\.\); decoding eagerly"):
+        assert _stream(session, ids, 3, 6) == _stream(eager, ids, 3, 6)
+    assert len(calls) == 1 and broken.steps == 0
+    assert session.cache.get_seq_length() == eager.cache.get_seq_length()
