@@ -126,7 +126,8 @@ class CompiledDecode:
             logits = self._forward(token[:, None])
         except Exception as err:  # noqa: BLE001 - no compiler here (a GPU without Triton), an op it cannot trace…
             # whatever the step wrote is past the cache's end: the eager step writes that row again
-            self.failed = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            lines = str(err).strip().splitlines()
+            self.failed = f"{type(err).__name__}: {lines[0] if lines else ''}"
             warnings.warn(f"compiled decode failed ({self.failed[:200]}); decoding eagerly from now on",
                           stacklevel=2)
             return None

@@ -3,6 +3,7 @@ eager step wherever a step is not plain."""
 
 import pytest
 import torch
+from run_ahead import check_run_ahead
 
 from inf_mllm import StreamSession
 from inf_mllm.compiled import CompiledDecode, compiled_decode
@@ -35,15 +36,6 @@ def test_compiled_decode_answers_the_eager_tokens_and_leaves_the_same_cache(smol
             assert torch.equal(mine.turn_ids, theirs.turn_ids)
 
 
-def _answer(session, eos, stop=None) -> list[int]:
-    tokens = []
-    for t in session.generate(12, eos_token_id=eos):
-        tokens.append(int(t[0]))
-        if len(tokens) == stop:
-            break  # the consumer stops: the step launched ahead for this token is dropped
-    return tokens
-
-
 @pytest.mark.slow  # compiles SmolLM2's step (shared with the test above when both run)
 def test_a_step_run_ahead_is_kept_only_while_the_answer_goes_on(smol):
     """`run_ahead` (on by default on a GPU, forced here) launches the step for each token before handing it over;
@@ -54,23 +46,8 @@ def test_a_step_run_ahead_is_kept_only_while_the_answer_goes_on(smol):
     eager = StreamSession(model, tok, "inf_mllm", budget=256, window=16)
     ahead = StreamSession(model, tok, "inf_mllm", budget=256, window=16, compile_decode=True)
     ahead.run_ahead = True
-    steps, eos, answers = ahead._compiled.steps, [], []
-    for r in range(6):
-        for session in (eager, ahead):
-            session.append(ids[:, 100 * r:100 * (r + 1)])
-        stop = 5 if r % 3 == 1 else None
-        want = _answer(eager, eos, stop)
-        assert _answer(ahead, eos, stop) == want
-        answers.append(want)
-        eos = eos or want[3:]  # later answers may end at any of these tokens
+    answers = check_run_ahead(eager, ahead, ids)
     assert any(len(a) not in (5, 12) for a in answers)  # one answer ended at an end token
-    assert ahead._compiled.steps - steps == sum(len(a) - 1 for a in answers)
-    for session in (eager, ahead):
-        session.append(ids[:, 600:610])  # takes the held-back tokens
-    assert ahead.seen == eager.seen and ahead.cache.get_seq_length() == eager.cache.get_seq_length()
-    for mine, theirs in zip(ahead.cache.layers, eager.cache.layers, strict=True):
-        assert torch.allclose(mine.keys, theirs.keys, atol=1e-3) and torch.allclose(mine.values, theirs.values,
-                                                                                     atol=1e-3)
 
 
 @pytest.mark.parametrize("policy, reason", [("h2o", "evicts while decoding"), ("full", "unbounded"),

@@ -7,6 +7,7 @@ project borrows), so the model here is a randomly initialised small Llama with S
 
 import pytest
 import torch
+from run_ahead import check_run_ahead
 
 from inf_mllm import StreamSession
 from inf_mllm.spec import Recall
@@ -77,29 +78,4 @@ def test_random_small_llama_compiled_decode_on_cuda_runs_ahead_and_keeps_the_eag
     eager = StreamSession(model, None, "inf_mllm", budget=256, window=16)
     ahead = StreamSession(model, None, "inf_mllm", budget=256, window=16, compile_decode=True)
     assert ahead.run_ahead and not eager._compiled
-    steps, eos, answers = ahead._compiled.steps, [], []
-    for r in range(6):
-        for session in (eager, ahead):
-            session.append(ids[:, 100 * r:100 * (r + 1)])
-        stop = 5 if r % 3 == 1 else None
-        got, want = _answer(ahead, eos, stop), _answer(eager, eos, stop)
-        assert all(t.device.type == "cpu" for t in got + want)
-        assert [int(t[0]) for t in got] == [int(t[0]) for t in want], r
-        answers.append(want)
-        eos = eos or [int(t[0]) for t in want[3:]]  # later answers may end at any of these tokens
-    assert ahead._compiled.steps - steps == sum(len(a) - 1 for a in answers)
-    for session in (eager, ahead):
-        session.append(ids[:, 600:610])  # takes the held-back tokens
-    assert ahead.seen == eager.seen and ahead.cache.get_seq_length() == eager.cache.get_seq_length()
-    for mine, theirs in zip(ahead.cache.layers, eager.cache.layers, strict=True):
-        assert torch.allclose(mine.keys, theirs.keys, atol=1e-3) and torch.allclose(mine.values, theirs.values,
-                                                                                     atol=1e-3)
-
-
-def _answer(session, eos, stop=None) -> list[torch.Tensor]:
-    tokens = []
-    for t in session.generate(12, eos_token_id=eos):
-        tokens.append(t)
-        if len(tokens) == stop:
-            break  # the consumer stops: the step launched ahead for this token is dropped
-    return tokens
+    check_run_ahead(eager, ahead, ids)
