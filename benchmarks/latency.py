@@ -135,7 +135,7 @@ def run(args):
             policy = plan.policy
             bar.set_postfix_str(policy)
             session = StreamSession(model, tok, policy, budget=plan.budget, **plan.cfg)
-            session.cache.measure_overhead = True
+            session.cache.timing.measure = True
             pos = 0
             for checkpoint in checkpoints:
                 if policy == "full":  # the last point inside its context

@@ -190,7 +190,7 @@ def answer_rows(vlm, clips) -> list[dict]:
             part, t = frames[start:start + CLIP], times[start:start + CLIP]
             visual, _ = vlm.encode_parts(part)
             labels = vlm.fit_labels(vlm.perceive(part, whole[start:start + CLIP]))
-            vlm.append_clip(session, vlm.clip_embeddings(visual, labels), k, t[0], t[-1] + 1.0)
+            vlm.append_clip(session, vlm.encoded(visual, labels), k, t[0], t[-1] + 1.0)
             things, also = visible(video, t[0], t[-1] + 1.0)
             base = {"video": name, "clip": k, "from": t[0], "to": t[-1] + 1.0, "things": sorted(things),
                     "labels": listing(labels, vlm.perception.more_words)}

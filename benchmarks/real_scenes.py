@@ -150,7 +150,7 @@ def evaluate(vlm, progress: bool = True) -> tuple[dict, list[dict]]:
             labels = vlm.fit_labels(vlm.perceive(frames, probs))  # what the turn carries
             top5 = [names()[i].lower() for i in probs.mean(dim=0).topk(5).indices.tolist()]
             in_top5 = bool(p.thing) and any(s in n for n in top5 for s in p.synonyms)
-            vlm.append_clip(session, vlm.clip_embeddings(visual, labels), k, float(2 * (k - 1)), float(2 * k))
+            vlm.append_clip(session, vlm.encoded(visual, labels), k, float(2 * (k - 1)), float(2 * k))
             clips.append((name, labels, in_top5))
             for kind, question, expected in questions_now(p):
                 rows.append(_ask(vlm, session, v, k, name, kind, question, expected, labels, in_top5, top5))
@@ -222,7 +222,7 @@ def earlier_things(vlm) -> tuple[dict, list[dict]]:
             continue
         session = vlm.new_session("full")
         for k, name in enumerate((first, latest), start=1):
-            vlm.append_clip(session, vlm.clip_embeddings(*turns[name]), k, float(2 * (k - 1)), float(2 * k))
+            vlm.append_clip(session, vlm.encoded(*turns[name]), k, float(2 * (k - 1)), float(2 * k))
         for thing, expected in ((PHOTOS[first].thing, "no"), (PHOTOS[latest].thing, "yes")):
             answer = vlm.answer(session, f"is there {article(thing)} {thing}?", max_new_tokens=8)
             rows.append({"first": first, "latest": latest, "thing": thing, "answer": answer, "expected": expected,

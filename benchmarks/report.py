@@ -12,11 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
+from streaming.records import read
+
 from .arena_scores import BENCHMARKS, GOAL, QUALITY, best_at
 
 
 def load(path):
-    return json.loads(Path(path).read_text()) if Path(path).exists() else []
+    return read(path) if Path(path).exists() else []
 
 
 def table(header, rows):

@@ -57,14 +57,14 @@ def trial(model, tok, words, policy, budget, cfg, rounds, seed, bar, timed=False
     left the cache; None without recall), recalled (that turn was linked back), round_s, evict_share, kv_mb,
     kv_tokens}.
     The questions depend on `seed` alone, never on the policy. `timed` prices the scores
-    (`cache.measure_overhead`), which only the timings need."""
+    (`cache.timing.measure`), which only the timings need."""
     def ids(text):
         return token_ids(tok, text)
 
     rng = random.Random(seed)
     keys = rng.sample(words, rounds * 5)
     session = StreamSession(model, tok, policy, budget=budget, **cfg)
-    session.cache.measure_overhead = timed
+    session.cache.timing.measure = timed
     lines, results = [], []
     for r in range(rounds):
         timer = RoundTimer(session)

@@ -4,7 +4,6 @@ Each chunk is one turn: it is scored by the model over the current cache, then t
 The full cache runs only up to the model's trained context (8K for SmolLM2).
 """
 
-import json
 import math
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from transformers import AutoTokenizer
 from inf_mllm import StreamSession, load_model
 from inf_mllm.loader import resolve
 
-from .common import RoundTimer, median, plans, print_table, record, write
+from .common import RoundTimer, median, plans, print_table, read, record, write
 from .corpus import corpus_tokens, token_stream
 
 CHUNK = 64
@@ -30,7 +29,7 @@ def stream(model, tok, ids, policy, budget, cfg, segment, bar, state=None, on_ro
     if state:
         session.cache, session.seen, prev, first = state["cache"], state["seen"], state["prev"], state["end"]
         bar.update(first)
-    session.cache.measure_overhead = True
+    session.cache.timing.measure = True
     nll, count, shares = 0.0, 0, []
     for start in range(first, ids.numel(), CHUNK):
         chunk = ids[start:start + CHUNK][None]
@@ -108,7 +107,7 @@ def resumed(out: Path, todo, run_id):
     state = torch.load(checkpoint, weights_only=False) if checkpoint.exists() else None
     if state and {k: state[k] for k in run_id} != run_id:
         raise SystemExit(f"{checkpoint} is from another run ({ {k: state[k] for k in run_id} }), not {run_id}")
-    records = [r for r in json.loads(path.read_text()) if not isinstance(r["x"], str)]
+    records = [r for r in read(path) if not isinstance(r["x"], str)]
     last = {(p[0], p[1]): p[3] // run_id["segment"] * run_id["segment"] for p in todo}
     reached = {}
     for r in records:
@@ -166,7 +165,7 @@ def merge(out_dir, in_dirs, full_len=8192):
     merged = {}
     for folder in in_dirs:
         runs = {}
-        for r in json.loads((Path(folder) / "stream_ppl.json").read_text()):
+        for r in read(Path(folder) / "stream_ppl.json"):
             if not isinstance(r["x"], str):
                 runs.setdefault((r["policy"], r["budget"]), []).append(r)
         merged.update(runs)

@@ -128,9 +128,9 @@ def encode_video(vlm, video: Path, clip_s: float = CLIP_S, fps: float = 1.0) -> 
 def qa_rounds(vlm, clips, asks, policy: str, budget: int | None, cfg: dict, timed: bool = False, bar=None):
     """The engine's turn order without its threads: clip k's turn, then round k's question (answers of up
     to 4 tokens, recall given what the question names and the oracle, as the engine gives them). Per round
-    {round, back, ok, round_s, evict_share, kv_mb, kv_tokens}; `timed` prices the scores (`cache.measure_overhead`)."""
+    {round, back, ok, round_s, evict_share, kv_mb, kv_tokens}; `timed` prices the scores (`cache.timing.measure`)."""
     session = vlm.new_session(policy, budget=budget, **cfg)
-    session.cache.measure_overhead = timed
+    session.cache.timing.measure = timed
     rows = []
     for (index, start, end, visual), (j, q) in zip(clips, asks, strict=True):
         timer = RoundTimer(session)
@@ -248,8 +248,9 @@ def link_vs_reencode(vlm, budget: int, paths, clips: int = 40, repeats: int = 20
         marks = session.cache.mark()
         t0 = time.perf_counter()
         visual = vlm.encode(images[k - 1][None], [span.meta["start"]])
-        session.model(inputs_embeds=vlm.clip_turn(visual, k, span.meta["start"]), past_key_values=session.cache,
-                      use_cache=True)
+        turn = vlm.clip_turn(visual, k, span.meta["start"])
+        with session.cache.forward(turn.shape[1], device=session.device) as fwd:  # observed, as a session's turn is
+            session.model(inputs_embeds=turn, past_key_values=session.cache, use_cache=True, **fwd.kwargs)
         reencode_ms.append((time.perf_counter() - t0) * 1000)
         session.cache.rollback(marks)
     label = f"one clip into {budget} tokens"

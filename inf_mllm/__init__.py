@@ -8,7 +8,7 @@ import importlib
 _EXPORTS = {
     "ATTN_IMPLEMENTATION": "attention", "use_observing_attention": "attention",
     "KVShape": "budget", "layer_budgets": "budget",
-    "StreamingCache": "cache", "StreamingLayer": "cache",
+    "StreamingCache": "cache", "StreamingLayer": "layer",
     "AssetError": "loader", "load_model": "loader",
     "POLICIES": "policies", "LayerView": "policies", "Policy": "policies", "build": "policies",
     "make_policy": "policies",

@@ -1,14 +1,15 @@
 """The attention function that lets a streaming cache see its layer's queries.
 
 Registered with transformers' AttentionInterface as ``inf_mllm_sdpa``. A plain forward is exactly
-transformers' SDPA. When the cache layer just updated asks for window scores (the last l queries of
+transformers' SDPA. The cache's open forward arrives as a keyword argument of the call (`FORWARD_KWARG`, put
+into the model call by `StreamingCache.forward`), which names the cache; the module's `layer_idx` names its
+layer. When that layer asks for window scores (the last l queries of
 a prompt), those l queries' attention is computed by `scoring.window_attention`, which returns the
 scores as a by-product, and SDPA handles the rest of the prompt; on CUDA, SDPA computes everything
 and the Triton kernel adds the scores. No model code is patched.
 """
 
 import time
-from contextvars import ContextVar
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -19,13 +20,9 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from .scoring import window_attention, window_scores
 
 ATTN_IMPLEMENTATION = "inf_mllm_sdpa"
-
-# The cache layer whose `update` ran last in this thread; the attention call that follows belongs to it.
-_active_layer: ContextVar = ContextVar("inf_mllm_active_layer", default=None)
-
-
-def announce(layer) -> None:
-    _active_layer.set(layer)
+# the keyword argument that carries a streaming cache's open forward (cache.Forward) from the model call to every
+# attention call of that forward: transformers hands a model's extra keyword arguments down to its attention
+FORWARD_KWARG = "inf_mllm_forward"
 
 
 def _bool_mask(attention_mask, b, q_len, n, device):
@@ -38,23 +35,18 @@ def _bool_mask(attention_mask, b, q_len, n, device):
     return attention_mask > torch.finfo(attention_mask.dtype).min / 2
 
 
-# (transformers' mask, (the window's keep-mask if it hides more than causality else None, its shape)): one mask
-# serves every layer of a forward, so it is checked once; the tuple is replaced whole, safe across threads
-_last_window_mask: tuple = (None, (None, None))
-
-
-def _beyond_causality(attention_mask, win_mask):
+def _beyond_causality(forward, attention_mask, win_mask):
     """`win_mask` (B, 1, l, n) if it hides a key that causality alone would show (padding, a sliding window),
     else None: the window attention builds causality in, and masking its (heads x l x n) logits a second time
-    for nothing cost ~5 ms of a SmolLM2 prompt on 2 CPU cores."""
-    global _last_window_mask
-    seen, (needed, shape) = _last_window_mask
+    for nothing cost ~5 ms of a SmolLM2 prompt on 2 CPU cores. One mask serves every layer of a forward, so it is
+    checked once per forward (kept on the forward: (transformers' mask, (the answer, its shape)))."""
+    seen, (needed, shape) = forward.window_mask
     if seen is attention_mask and shape == win_mask.shape:
         return needed
     l, n = win_mask.shape[-2:]
     shown = torch.arange(n, device=win_mask.device)[None, :] <= torch.arange(n - l, n, device=win_mask.device)[:, None]
     needed = None if bool((win_mask | ~shown).all()) else win_mask
-    _last_window_mask = (attention_mask, (needed, win_mask.shape))
+    forward.window_mask = (attention_mask, (needed, win_mask.shape))
     return needed
 
 
@@ -76,22 +68,23 @@ def _observing_sdpa(module, query, key, value, attention_mask, **kwargs):
         # layers hold different token counts (per-layer budgets) but end at one position: the mask,
         # built for the cache's position length, is this layer's on its last columns
         attention_mask = attention_mask[..., -key.shape[2]:]
+    forward = kwargs.pop(FORWARD_KWARG, None)
     if torch.compiler.is_compiling():  # a compiled decode step (compiled.py) observes nothing
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    layer = _active_layer.get()
-    if layer is None or layer.layer_idx != getattr(module, "layer_idx", None):
+    index = getattr(module, "layer_idx", None)
+    if forward is None or not forward.observers or index is None:  # nothing observes it (or a call outside the seam)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    _active_layer.set(None)
+    layer = forward.cache.layers[index]
     l = layer.window_len(query.shape[2])
     if l == 0:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5
-    cache = layer.cache
+    timing = forward.cache.timing
     if query.is_cuda:
         out = sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-        t0 = measured_clock(cache, query.device)
+        t0 = measured_clock(timing, query.device)
         layer.observe_scores(window_scores(query[:, :, -l:], key, scaling), l, query[:, :, -l:], key, scaling)
-        cache.score_s += measured_clock(cache, query.device) - t0
+        timing.score_s += measured_clock(timing, query.device) - t0
         return out
     b, _, q_len, _ = query.shape
     # transformers' mask matters in the window only for padding (causality is built in there); the
@@ -99,18 +92,18 @@ def _observing_sdpa(module, query, key, value, attention_mask, **kwargs):
     def full_mask():
         return _bool_mask(attention_mask, b, q_len, key.shape[2], query.device)
 
-    win_mask = None if attention_mask is None else _beyond_causality(attention_mask, full_mask()[:, :, -l:])
+    win_mask = None if attention_mask is None else _beyond_causality(forward, attention_mask, full_mask()[:, :, -l:])
     t0 = time.perf_counter()
     win_out, scores = window_attention(query[:, :, -l:], key, value, scaling, win_mask)
     layer.observe_scores(scores, l, query[:, :, -l:], key, scaling)
     fused = time.perf_counter() - t0
-    if cache.measure_overhead:  # what plain SDPA would have spent on these queries: the scores cost the rest
+    if timing.measure:  # what plain SDPA would have spent on these queries: the scores cost the rest
         t0 = time.perf_counter()
         sdpa_attention_forward(module, query[:, :, -l:], key, value, full_mask()[:, :, -l:], **kwargs)
         plain = time.perf_counter() - t0
-        cache.probe_s += plain
+        timing.probe_s += plain
         fused = max(0.0, fused - plain)
-    cache.score_s += fused
+    timing.score_s += fused
     win_out = win_out.transpose(1, 2)
     if l == q_len:
         return win_out.contiguous(), None
@@ -118,12 +111,12 @@ def _observing_sdpa(module, query, key, value, attention_mask, **kwargs):
     return torch.cat([head_out, win_out.to(head_out.dtype)], dim=1), None
 
 
-def measured_clock(cache, device) -> float:
-    """The time, after the GPU's queued work when a benchmark measures (`cache.measure_overhead`): CUDA runs
+def measured_clock(timing, device, clock=time.perf_counter) -> float:
+    """The time, after the GPU's queued work when a benchmark measures (`cache.timing.measure`): CUDA runs
     asynchronously, and without a sync one step's kernels would be timed as the next step."""
-    if cache.measure_overhead and device.type == "cuda":
+    if timing.measure and device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter()
+    return clock()
 
 
 AttentionInterface.register(ATTN_IMPLEMENTATION, observing_sdpa)

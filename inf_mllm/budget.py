@@ -1,13 +1,13 @@
 """KV budgets: how many tokens each layer may keep after an eviction.
 
-A budget is given in tokens (``1024``) or bytes (``"512MB"``, ``"2GiB"``; the grammar is in spec.py),
-uniform or per layer (a list). Bytes become tokens from the cache's own shapes: layers x 2 (K and V)
+A budget is given in tokens (``1024``) or bytes (``"512MB"``, ``"2GiB"``), uniform or per layer (a list); spec.py
+parses it once into a `Budget`. Bytes become tokens from the cache's own shapes: layers x 2 (K and V)
 x KV heads x head dim x dtype size x batch.
 """
 
 from dataclasses import dataclass
 
-from .spec import parse_bytes
+from .spec import parse_budget
 
 
 @dataclass(frozen=True)
@@ -31,23 +31,19 @@ class KVShape:
 
 
 def layer_budgets(budget, shape: KVShape) -> list[int] | None:
-    """Per-layer token budgets, or None for an unbounded cache.
-
-    ``budget`` is None, an int (tokens per layer), a str with a memory unit (total bytes, split
-    evenly), or a list of per-layer token counts.
-    """
+    """Per-layer token budgets, or None for an unbounded cache. ``budget`` is a `spec.Budget` or anything
+    `spec.parse_budget` reads (an int, "512MB", a per-layer list); a memory size is split evenly over the layers
+    by the cache's own bytes per token. An `auto` budget must be sized first (`streaming.memory.auto_budget_for`)."""
+    budget = parse_budget(budget)
     if budget is None:
         return None
-    if isinstance(budget, str):
-        if budget.strip().isdigit():
-            budget = int(budget)
-        else:
-            total = parse_bytes(budget)
-            tokens = total // (shape.bytes_per_token_layer * shape.num_layers)
-            return [int(tokens)] * shape.num_layers
-    if isinstance(budget, int):
-        return [budget] * shape.num_layers
-    budgets = [int(b) for b in budget]
-    if len(budgets) != shape.num_layers:
-        raise ValueError(f"per-layer budget has {len(budgets)} entries but the model has {shape.num_layers} layers")
-    return budgets
+    if budget.auto:
+        raise ValueError("budget auto is sized from free memory once the model has loaded: resolve it to tokens first")
+    if budget.bytes is not None:
+        return [int(budget.bytes // (shape.bytes_per_token_layer * shape.num_layers))] * shape.num_layers
+    if budget.tokens is not None:
+        return [budget.tokens] * shape.num_layers
+    if len(budget.layers) != shape.num_layers:
+        raise ValueError(f"per-layer budget has {len(budget.layers)} entries but the model has {shape.num_layers} "
+                         "layers")
+    return list(budget.layers)

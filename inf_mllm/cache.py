@@ -1,386 +1,95 @@
 """A transformers Cache whose layers evict by policy at turn boundaries and keep positions contiguous.
 
-Each `StreamingLayer` is a `DynamicLayer` that also keeps what its policy's observers record (the
-window scores of the last prompt, accumulated attention, post-vision statistics), evicts or merges to
-its budget when told, and re-rotates the kept keys so they sit at contiguous positions. Because the
-kept tokens are always contiguous and every layer ends at the same position, the model's default
-position ids (arange + cache length) and causal mask stay right after a shrink.
+The seam between a session and its cache is one call per forward: `cache.forward(...)` opens a `Forward`
+(what the forward is: a prompt turn, a decode step or a probe; its turn id; its positions; its vision span) and
+gives the keyword arguments the model call takes with it. The layers (layer.py) read the open forward when they
+update; the attention function (attention.py) gets it through those keyword arguments, which transformers hands
+to every attention call. Nothing of a forward outlives it, and nothing of a session lives outside its cache, so
+sessions on other threads (or, later, other rows of one batch) never see each other's state.
+
+What is chosen once per cache: the policy (built from its spec), the position strategy (positions.py: 1-D or
+multimodal RoPE), the observers and the statistics they declare (observers.py), whether turns are tracked for
+recall. Because the kept tokens are always contiguous and every layer ends at the same position, the model's
+default position ids (arange + cache length) and causal mask stay right after a shrink.
 """
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache
 
-from . import attention
-from .attention import use_observing_attention
+from .attention import FORWARD_KWARG, use_observing_attention
 from .budget import KVShape, layer_budgets
-from .buffer import KVBuffer
-from .observers import WindowObserver
+from .layer import ProbeDone, StreamingLayer  # noqa: F401 (ProbeDone re-exported for the session)
+from .observers import WindowObserver, declared
 from .policies import LayerView, Policy, Uniform, build
-from .positions import compact
-from .rope import RotationTable, multimodal_rope, rerotate, rope_inv_freq
-from .scoring import window_scores
-from .spec import PolicySpec, as_spec
+from .positions import LinearRoPE, MultimodalRoPE, TurnPositions
+from .rope import RotationTable, multimodal_rope, rope_inv_freq
+from .spec import PolicySpec, Recall, as_spec
 
 
-class ProbeDone(Exception):
-    """Ends a probe forward (`StreamingCache.probe_layers`) once its last wanted layer has run."""
+@dataclass
+class Forward:
+    """One forward over the cache, as its caller opened it (`StreamingCache.forward`).
+
+    `decoding`: a decode step (it neither opens a turn nor refreshes prompt statistics); `turn`: the id its tokens
+    are tracked under (recall); `incoming`: under multimodal RoPE, the tokens' unit bases and the next position;
+    `vision_end`: the prompt's tokens up to this index end with its last visual token; `probe_until`: a probe stops
+    before this layer; `observers`: those that score this forward (none: attention goes straight to SDPA)."""
+
+    cache: "StreamingCache | None" = None
+    decoding: bool = False
+    turn: int = 0
+    incoming: tuple | None = None
+    vision_end: int | None = None
+    vision_seen: bool = False
+    probe_until: int | None = None
+    observers: list = field(default_factory=list)
+    kwargs: dict = field(default_factory=dict)  # for the model call: the forward itself, positions if explicit
+    window_mask: tuple = (None, (None, None))  # attention.py's check of the mask, once per forward
 
 
-class StreamingLayer(DynamicLayer):
-    """One layer's K/V plus what its observers recorded (`seen`), evicted or merged when told.
+@dataclass
+class ScoreTime:
+    """Time spent on scores since the last `pop()`. With `measure` (benchmarks), the cost beyond plain SDPA,
+    found by also running SDPA on the window queries (`probe_s`), and each clock waits for the GPU."""
 
-    Its tokens sit at contiguous positions start..start+len-1; `start` is 0 unless budgets differ per
-    layer, where every layer ends at the same position (the cache's `get_seq_length`), so the model's
-    position ids and causal mask fit all layers (the attention function slices the mask per layer).
+    measure: bool = False
+    score_s: float = 0.0
+    probe_s: float = 0.0
 
-    `turn_ids` (B, H, n), kept when the cache tracks turns (recall), says which turn each token came from;
-    linked (recalled) tokens carry -1 - span id. Under multimodal RoPE (`cache.multimodal`) `start` only
-    aligns storage: the layer also keeps each token's unit base (`base`, (B, 1 or H, n)) and the next
-    position (`end`, the same in every layer); see positions.py."""
-
-    def __init__(self, layer_idx: int, cache: "StreamingCache"):
-        # K/V and what is kept per token live in preallocated buffers (buffer.py), set before the base class
-        # sets keys; every `self.keys = ...`, `self.turn_ids = ...`, `self.base = ...` below writes into them
-        self._k, self._v, self._ids, self._base = (KVBuffer(cache.static) for _ in range(4))
-        self._stats: dict[str, KVBuffer] = {}  # per-token observer statistics (`grow_seen`)
-        super().__init__()
-        self.layer_idx = layer_idx
-        self.cache = cache
-        self.prompt_len = 0
-        self.start = 0
-        self.budget: int | None = None  # the last budget its allocator gave it
-        self.seen: dict[str, torch.Tensor] = {}  # observer key -> statistic (see observers.py)
-        self.end = 0  # multimodal RoPE: the position the next token takes
-        self._wants: list = []  # (observer, queries) for the forward under way
-
-    keys = property(lambda self: self._k.get(), lambda self, value: self._k.set(value))
-    values = property(lambda self: self._v.get(), lambda self, value: self._v.set(value))
-    turn_ids = property(lambda self: self._ids.get(), lambda self, value: self._ids.set(value))
-    base = property(lambda self: self._base.get(), lambda self, value: self._base.set(value))
-
-    def grow_seen(self, key: str, rows: torch.Tensor) -> None:
-        """seen[key], a per-token statistic (B, H, n), with `rows` appended, in a buffer of its own: as the
-        statistic was last set (an eviction gives a tensor of its own, copied in once; the buffer's own
-        rows move nothing), not a new tensor per decode step."""
-        buf = self._stats.get(key)
-        if buf is None:
-            buf = self._stats[key] = KVBuffer(self.cache.static)
-            buf.least = self._k.least
-        buf.set(self.seen.get(key))
-        self.seen[key] = buf.append(rows)
-
-    def _set_seen(self, key: str, value: torch.Tensor) -> None:
-        """seen[key] = value, written into the statistic's buffer when it has one (an eviction's kept rows)."""
-        buf = self._stats.get(key)
-        if buf is not None:
-            buf.set(value)
-            value = buf.get()
-        self.seen[key] = value
-
-    @property
-    def window_scores(self) -> torch.Tensor | None:
-        return self.seen.get("window")
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if self.cache.probe_layers is not None and self.layer_idx >= self.cache.probe_layers:
-            raise ProbeDone  # the probe has the keys it needs: the deeper layers need not run
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        keys, values = self._k.append(key_states), self._v.append(value_states)
-        new = key_states.shape[-2]
-        if not self.cache.is_decoding:
-            self.prompt_len = new
-        self._grew(new)
-        # announce even when nothing is observed: a layer of another cache left announced (a forward that
-        # never reached attention) must not be taken for this one
-        observed = self.cache.decode_observers if self.cache.is_decoding else self.cache.observers
-        attention.announce(self if observed else None)
-        return keys, values
-
-    def written(self, new: int) -> None:
-        """`new` rows were written into the buffers past the cache by a compiled decode step (compiled.py)."""
-        self._k.n += new
-        self._v.n += new
-        self._grew(new)
-
-    def _grew(self, new: int) -> None:
-        """What the layer keeps per token besides K/V, grown by the `new` tokens just appended."""
-        if self.cache.track_turns:
-            keys = self.keys
-            self._ids.append(torch.full((*keys.shape[:2], new), self.cache.turn, dtype=torch.long, device=keys.device))
-        if self.cache.multimodal:
-            self._place(new)
-        for obs in self.cache.observers:
-            obs.grow(self, new)
-
-    def _place(self, new: int) -> None:
-        """The new tokens' unit bases and the next position, as the forward's caller announced them."""
-        incoming = self.cache.incoming
-        if incoming is None or incoming[0].shape[-1] != new:
-            raise ValueError("a multimodal-RoPE forward needs its positions: pass the turn's position ids "
-                             "through StreamSession (positions=)")
-        base, self.end = incoming
-        rows = 1 if self.base is None else self.base.shape[1]
-        self._base.append(base.expand(self._k.get().shape[0], rows, new))
-
-    def window_len(self, q_len: int) -> int:
-        """How many of this forward's last queries the observers want scored (0: none)."""
-        decoding = self.cache.is_decoding
-        self._wants = [(obs, obs.queries(self, q_len, decoding)) for obs in self.cache.observers]
-        return max((want for _, want in self._wants), default=0)
-
-    def observe_scores(self, scores: torch.Tensor, l: int, query: torch.Tensor | None = None,
-                       keys: torch.Tensor | None = None, scaling: float | None = None) -> None:
-        """Called by the attention function after `window_len` with (B, Hq, n) mean attention of the last l
-        queries, and those queries (B, Hq, l, D), the layer's keys and the scale, for observers that want
-        fewer queries or other statistics than the mean."""
-        for obs, want in self._wants:
-            if want == 0:
-                continue
-            own = scores if want == l else window_scores(query[:, :, -want:], keys, scaling)
-            obs.record(self, own, want, None if query is None else query[:, :, -want:], keys, scaling)
-
-    def view(self) -> LayerView:
-        s = self.seen
-        return LayerView(self.get_seq_length(), self.prompt_len, self.keys.shape[1], s.get("window"), s.get("acc"),
-                         s.get("post"), s.get("sparsity"))
-
-    def has_scores(self, policy: Policy) -> bool:
-        """Whether the prompt statistics `policy` ranks by are current (not spent by an eviction, nor
-        stale once answer tokens came in)."""
-        n = self.get_seq_length()
-        for obs in policy.observers():
-            stat = self.seen.get(obs.key)
-            if stat is None or (obs.key != "acc" and stat.shape[-1] != n):
-                return False
-        return True
-
-    def apply(self, idx: torch.Tensor | None, reducer: str, start: int, end: int | None = None) -> None:
-        """Reduce to the sorted indices idx (None: keep all), then sit at positions start..start+K-1 (under
-        multimodal RoPE: stored from `start`, the kept units closing up to end at `end`)."""
-        if idx is None:
-            if start != self.start or (end is not None and end != self.end):
-                self.shift(start, end)
-            return
-        if reducer == "merge":
-            self.merge(idx, start, end)
-        else:
-            self.keep(idx, start, end)
-        for key in ("window", "post", "sparsity"):  # prompt statistics are spent by an eviction
-            self.seen.pop(key, None)
-
-    def keep(self, idx: torch.Tensor, start: int | None = None, end: int | None = None) -> None:
-        """Keep the tokens at sorted indices idx, (B, K) or (B, H, K), re-rotated to positions start..start+K-1
-        (start: unchanged by default; multimodal RoPE: units closed up to end at `end`, by default where they
-        end when they close up towards the first one)."""
-        start = self.start if start is None else start
-        b, h = self.keys.shape[:2]
-        idx = idx.to(self.keys.device)
-        # one index set for all heads stays (B, 1, K): its shifts and rotation angles are computed once per token
-        idx = idx[:, None, :] if idx.dim() == 2 else idx
-        keys = self._k.take(idx)
-        if self.base is not None:
-            old, new = self._closed_up(idx, end)
-            self.keys = rerotate(keys, new - old, self.cache.inv_freq)
-        else:
-            delta = torch.arange(idx.shape[-1], device=idx.device) + (start - self.start) - idx  # new - old position
-            front = self._k.front(idx.shape[-1])  # its rows were taken: free to write
-            with self._k.writing() if front is not None else nullcontext():
-                self.keys = self._moved(keys, delta, start, out=front)
-        self.values = self._v.take(idx)
-        if "acc" in self.seen:
-            self._set_seen("acc", self.seen["acc"].gather(-1, idx.expand(b, h, -1)))
-        if self.turn_ids is not None:
-            self.turn_ids = self._ids.take(idx)
-        self.start = start
-
-    def _closed_up(self, idx: torch.Tensor, end: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Multimodal RoPE: the kept tokens' (old, new) unit bases, their units closed up to end at `end`
-        (None: each row's first kept unit stays where it is, the rows ending together); sets base and end."""
-        old, new, total = compact(self.base, self.end, idx)
-        if end is None:
-            end = int((old[..., 0] + total).max())
-        new = new + (end - total)[..., None]
-        self.base, self.end = new, end
-        return old, new
-
-    def extent(self, idx: torch.Tensor | None) -> int:
-        """Multimodal RoPE: the positions this layer's tokens (those at idx, if given) take when closed up."""
-        if idx is None:
-            return self.end - int(self.base[..., 0].min())
-        idx = idx.to(self.base.device)
-        return int(compact(self.base, self.end, idx[:, None, :] if idx.dim() == 2 else idx)[2].max())
-
-    def merge(self, idx: torch.Tensor, start: int, end: int | None = None) -> None:
-        """Elastic Cache's merging (its Eq. 2-3): the kept indices are anchors; every token joins the bucket
-        of its nearest anchor (boundaries at the floor of the midpoints between neighbouring anchors) and
-        each bucket's K and V become the means of its members. Keys are cached after RoPE, so each member
-        key is first rotated to the position its bucket will occupy (the anchor's, after re-assignment):
-        the mean is taken among keys at one position, as if every member sat where its anchor sits.
-        Accumulated attention is summed per bucket; a bucket keeps its anchor's turn id."""
-        b, h, n, d = self.keys.shape
-        idx = idx.to(self.keys.device)
-        idx = idx[:, None, :] if idx.dim() == 2 else idx  # (B, 1 or H, K)
-        k, g = idx.shape[-1], idx.shape[1]
-        mids = torch.div(idx[..., :-1] + idx[..., 1:], 2, rounding_mode="floor").contiguous()
-        pos = torch.arange(n, device=idx.device).expand(b, g, n).contiguous()
-        bucket = torch.searchsorted(mids, pos)  # how many boundaries lie before each token: (B, g, n)
-        if self.base is not None:  # each member moves as its anchor's unit does
-            base = self.base
-            _, new = self._closed_up(idx, end)
-            rows = new.shape[1]
-            moved = new.gather(-1, bucket.expand(b, rows, n)) - base.expand(b, rows, n)
-            keys = rerotate(self.keys, moved, self.cache.inv_freq).float()
-        else:
-            delta = bucket + (start - self.start) - pos
-            keys = self._moved(self.keys, delta, start).float()
-        ones = torch.ones_like(bucket, dtype=torch.float32)
-        count = torch.zeros(b, g, k, device=idx.device).scatter_add_(-1, bucket, ones)
-        spread = bucket.expand(b, h, n)
-        where = spread.unsqueeze(-1).expand(b, h, n, d)
-        mean = count.expand(b, h, k).unsqueeze(-1)
-        zeros = torch.zeros(b, h, k, d, device=idx.device)
-        self.keys = (zeros.scatter_add(2, where, keys) / mean).to(self.keys.dtype)
-        self.values = (zeros.scatter_add(2, where, self.values.float()) / mean).to(self.values.dtype)
-        if "acc" in self.seen:
-            self._set_seen("acc", torch.zeros(b, h, k, device=idx.device).scatter_add_(-1, spread, self.seen["acc"]))
-        if self.turn_ids is not None:
-            self.turn_ids = self._ids.take(idx)
-        self.start = start
-
-    def shift(self, start: int, end: int | None = None) -> None:
-        """Move every token by start - self.start positions (budgets that differ per layer); under multimodal
-        RoPE, stored from `start` and moved by end - self.end positions."""
-        n = self.get_seq_length()
-        if self.base is not None:
-            if end is not None and end != self.end:
-                self.keys = rerotate(self.keys, torch.full((1, 1, n), end - self.end, device=self.keys.device),
-                                     self.cache.inv_freq)
-                self.base, self.end = self.base + (end - self.end), end
-        else:
-            delta = torch.full((1, 1, n), start - self.start, device=self.keys.device)
-            self.keys = self._moved(self.keys, delta, start)
-        self.start = start
-
-    def fit(self) -> None:
-        """Give back the buffer capacity a larger budget had reserved."""
-        self._k.fit()
-        self._v.fit()
-
-    def reserve(self, rows: int) -> None:
-        """Every buffer of the layer takes at least `rows` rows when it allocates."""
-        for buf in (self._k, self._v, self._ids, self._base, *self._stats.values()):
-            buf.reserve(rows)
-
-    def _moved(self, keys: torch.Tensor, delta: torch.Tensor, start: int, out: torch.Tensor | None = None):
-        """Keys re-rotated by `delta` as the layer's tokens move to sit from `start` (into `out` if given). A token
-        never moves right by more than the start moved (only tokens before it drop out) nor left by more than
-        the layer's length plus what the start moved back, so the bounds come from the host's counts, without
-        reading `delta`."""
-        reach = self.keys.shape[-2] + max(0, self.start - start)
-        return self.cache.rotations.rotate(keys, delta, reach, forward=start > self.start, out=out)
-
-    def insert(self, at: int, keys: torch.Tensor, values: torch.Tensor, tags: torch.Tensor,
-               bases: torch.Tensor | None = None) -> None:
-        """Link a stored block (B, H, m, d) whose keys sit at positions 0..m-1 in at index `at`; the
-        tokens after it move right by m (keys re-rotated), so positions stay contiguous. Under multimodal
-        RoPE, `bases` (m + 1,) holds the block's unit bases from 0 and then its extent, which the block's
-        keys move to and the tokens after it move by."""
-        m = keys.shape[2]
-        inv_freq = self.cache.inv_freq
-        head_k, tail_k = self.keys[:, :, :at], self.keys[:, :, at:]
-        if self.base is not None:
-            to, shift = self._open(at, bases[:-1].to(self.base.device), int(bases[-1]))  # bases: host memory
-            block = rerotate(keys.to(self.keys), to, inv_freq)
-        else:
-            to, shift = self.start + at, m
-            block = keys if not to else rerotate(keys.to(self.keys), torch.full((1, 1, m), to, device=keys.device),
-                                                 inv_freq)
-        if tail_k.shape[2]:
-            tail_k = rerotate(tail_k, torch.full((1, 1, tail_k.shape[2]), shift, device=keys.device), inv_freq)
-        self.keys = torch.cat([head_k, block.to(self.keys.dtype), tail_k], dim=2)
-        self.values = torch.cat([self.values[:, :, :at], values.to(self.values), self.values[:, :, at:]], dim=2)
-        b, h = self.keys.shape[:2]
-        if self.turn_ids is not None:
-            ids = tags.to(self.turn_ids.device).expand(b, h, m)
-            self.turn_ids = torch.cat([self.turn_ids[..., :at], ids, self.turn_ids[..., at:]], dim=-1)
-        acc = self.seen.get("acc")
-        if acc is not None:
-            zeros = torch.zeros((b, h, m), dtype=acc.dtype, device=acc.device)
-            self._set_seen("acc", torch.cat([acc[..., :at], zeros, acc[..., at:]], dim=-1))
-
-    def _open(self, at: int, bases: torch.Tensor, extent: int) -> tuple[torch.Tensor, int]:
-        """Multimodal RoPE: room for a block of unit bases `bases` and `extent` positions at index `at`, which
-        must begin a unit in every row; returns where the block's first unit sits, (B, rows, 1), and its extent."""
-        n = self.base.shape[-1]
-        if 0 < at < n and bool((self.base[..., at] == self.base[..., at - 1]).any()):
-            raise ValueError(f"cannot link a span at index {at}: it falls inside a vision block")
-        rows = self.base.shape[:2]
-        to = self.base[..., at:at + 1] if at < n else self.base.new_full((*rows, 1), self.end)
-        self.base = torch.cat([self.base[..., :at], to + bases, self.base[..., at:] + extent], dim=-1)
-        self.end += extent
-        return to, extent
-
-    def mark(self) -> tuple:
-        """What `rollback` needs to undo the forwards that follow (a probe, or a turn that failed)."""
-        seen = {k: v.clone() if k == "acc" else v for k, v in self.seen.items()}
-        return self.get_seq_length(), self.prompt_len, seen, self.start, self.end
-
-    def rollback(self, mark: tuple) -> None:
-        n, self.prompt_len, self.seen, self.start, self.end = mark
-        if self.is_initialized:
-            self.keys, self.values = self.keys[:, :, :n], self.values[:, :, :n]
-        if self.turn_ids is not None:
-            self.turn_ids = self.turn_ids[..., :n]
-        if self.base is not None:
-            self.base = self.base[..., :n] if n else None
-
-    def positions(self, first: int) -> torch.Tensor:
-        """The positions of the tokens from index `first` on, (rows, L): for the text tokens they are
-        meant for (a question's keys), a token's unit base is its position."""
-        if self.base is not None:
-            return self.base[0, :, first:]
-        n = self.get_seq_length()
-        return (self.start + torch.arange(first, n, device=self.keys.device))[None]
+    def pop(self) -> tuple[float, float]:
+        """(score seconds, probe seconds); probe time is measurement, not work."""
+        spent, self.score_s, probe, self.probe_s = self.score_s, 0.0, self.probe_s, 0.0
+        return spent, probe
 
 
 class StreamingCache(Cache):
-    """Bounded KV cache for streams: `evict()` at each turn boundary, `step()` after each decode step.
-
-    Whether a forward is a prompt or a decode step is explicit per forward (`phase`, set by
-    `decode_step()` around one decode forward), never a flag held while an answer is paused."""
+    """Bounded KV cache for streams: `evict()` at each turn boundary, `step()` after each decode step, and every
+    forward inside `forward(...)`."""
 
     def __init__(self, policy: Policy, budgets: list[int] | None, inv_freq: torch.Tensor, num_layers: int,
-                 static: bool = True, multimodal: bool = False):
+                 static: bool = True, multimodal: bool = False, recall: Recall | None = None):
         super().__init__(layers=[])
         self.static = static  # K/V in preallocated buffers written in place (False: transformers' torch.cat)
-        # multimodal RoPE (positions.py): each forward's caller announces its tokens' unit bases and the
-        # position after them (`incoming`); layers keep them
-        self.multimodal = multimodal
-        self.incoming: tuple[torch.Tensor, int] | None = None
-        self.layers = [StreamingLayer(i, self) for i in range(num_layers)]
+        self.rope = MultimodalRoPE if multimodal else LinearRoPE
         self.policy = policy
         self.budgets = budgets  # nominal per-layer budgets; the allocator splits their sum at each eviction
         self.headroom = 0  # rows reserved beyond each budget (`reserve`)
         self.observers = policy.all_observers()
+        # recall (recall.py): every token's turn tracked, every turn's window observed (recall reads its scores)
+        self.recall = recall
+        self.track_turns = recall is not None
+        if recall is not None and not any("window" in declared([obs]) for obs in self.observers):
+            self.observers.append(WindowObserver(window=recall.window))
+        self.statistics = declared(self.observers)
         self.inv_freq = inv_freq
         self.rotations = RotationTable(inv_freq)
-        self.phase = "prompt"
-        self.decode_observers: list = []  # those that score decode steps (H2O's accumulated attention), per step
-        # the current prompt's vision span end (tokens of the turn up to the last visual one), if announced
-        self.vision_end: int | None = None
-        self.vision_seen = False  # some turn held visual tokens
-        # Time spent on scores since the last pop_score_time(). With measure_overhead (benchmarks), it is
-        # the cost beyond plain SDPA, found by also running SDPA on the window queries (probe_s).
-        self.score_s = self.probe_s = 0.0
-        self.measure_overhead = False
-        # recall (see recall.py): turn ids per token, window scores for every turn, captured queries
-        self.track_turns = False
-        self.turn = 0
-        self.recall_window = 0
-        self.probe_layers: int | None = None  # a probe forward stops before this layer
+        self.vision_seen = False  # some turn held visual tokens (VL-Cache's post-vision queries)
+        self.timing = ScoreTime()
+        self.current = Forward(self)  # the forward under way (a plain prompt when none was opened)
+        self.layers = [StreamingLayer(i, self) for i in range(num_layers)]
         if budgets is not None:
             for budget in budgets:
                 policy.check(budget)
@@ -388,45 +97,54 @@ class StreamingCache(Cache):
     @classmethod
     def for_model(cls, model, policy: PolicySpec | Policy | str = "inf_mllm", budget=None, batch: int = 1,
                   static: bool = True, **options):
-        """Build a cache for `model`; `budget` is tokens, bytes ("512MB") or a per-layer list."""
+        """Build a cache for `model`; `budget` is tokens, bytes ("512MB"), a per-layer list or a `Budget`. A spec
+        with recall makes a cache that tracks turns for it."""
+        recall = None
         if not isinstance(policy, Policy):
-            policy = build(as_spec(policy, **options))
+            spec = as_spec(policy, **options)
+            policy, recall = build(spec), spec.recall
         inv_freq = rope_inv_freq(model)
         shape = KVShape.from_config(model.config, torch.finfo(model.dtype).bits // 8, batch)
         budgets = layer_budgets(budget, shape) if type(policy).name != "full" else None
-        if policy.all_observers() or not isinstance(policy.allocator, Uniform):
+        if recall is not None or policy.all_observers() or not isinstance(policy.allocator, Uniform):
             use_observing_attention(model)  # also slices the causal mask for layers of different lengths
-        return cls(policy, budgets, inv_freq, shape.num_layers, static, multimodal_rope(model))
+        return cls(policy, budgets, inv_freq, shape.num_layers, static, multimodal_rope(model), recall)
 
-    def enable_recall(self, model, window: int) -> None:
-        """Track which turn each token came from and observe every turn's window (recall needs both)."""
-        self.track_turns, self.recall_window = True, window
-        if not any(obs.key in ("window", "acc") for obs in self.observers):  # recall reads the window scores
-            self.observers.append(WindowObserver(window=window))
-        use_observing_attention(model)
-
-    @property
-    def is_decoding(self) -> bool:
-        return self.phase == "decode"
+    # --- the seam: one forward at a time -------------------------------------------------------------
 
     @contextmanager
-    def decode_step(self):
-        """Mark the one forward inside as a decode step: it neither opens a new turn nor refreshes the
-        window scores. Scoped to that forward, so a paused answer leaves the cache in the prompt phase."""
-        self.phase = "decode"
-        # found once per step, not per layer: Inf-MLLM's window observer skips decode steps, and a step of a
+    def forward(self, length: int = 0, decoding: bool = False, turn: int | None = None,
+                positions: TurnPositions | None = None, held: int = 0, vision_end: int | None = None,
+                probe_until: int | None = None, batch: int = 1, device=None):
+        """Open one forward of `length` new tokens (`held` of them a held-back answer token in front of the turn,
+        whose own positions are `positions`, default text); yields the `Forward`, whose `kwargs` the model call
+        takes. A decode step neither opens a turn nor refreshes prompt statistics; a probe stops before layer
+        `probe_until`. Scoped to that forward: a paused answer leaves no decode step open."""
+        kwargs, incoming = self.rope.turn(self, length - held, positions, held, batch, device)
+        if vision_end is not None:
+            self.vision_seen = True
+        previous = self.current
+        fwd = Forward(self, decoding, previous.turn if turn is None else turn, incoming, vision_end, self.vision_seen,
+                      probe_until)
+        # found once per forward, not per layer: Inf-MLLM's window observer skips decode steps, and a step of a
         # layer nothing observes goes straight to SDPA, as streaming_llm's does
-        self.decode_observers = [obs for obs in self.observers if obs.queries(self.layers[0], 1, True)]
+        fwd.observers = [obs for obs in self.observers if obs.queries(fwd, 1)] if decoding else self.observers
+        fwd.kwargs = {FORWARD_KWARG: fwd, **kwargs}
+        self.current = fwd
         try:
-            yield self
+            yield fwd
         finally:
-            self.phase = "prompt"
+            self.current = Forward(self, turn=fwd.turn, vision_seen=self.vision_seen)
 
-    def announce_vision(self, end: int | None) -> None:
-        """The next prompt's tokens up to index `end` (exclusive) end with its last visual token (None: a
-        text turn). VL-Cache's post-vision queries are the tokens after it."""
-        self.vision_end = end
-        self.vision_seen = self.vision_seen or end is not None
+    @property
+    def decode_observers(self) -> list:
+        """The observers that score a decode step (H2O's accumulated attention)."""
+        probe = Forward(self, decoding=True)
+        return [obs for obs in self.observers if obs.queries(probe, 1)]
+
+    @property
+    def multimodal(self) -> bool:
+        return self.rope.multimodal
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         """The position the next token takes: the same for every layer, whatever each one holds."""
@@ -438,10 +156,27 @@ class StreamingCache(Cache):
     @property
     def rope_end(self) -> int:
         """Multimodal RoPE: the position the next token takes (get_seq_length counts stored tokens there)."""
-        return self.layers[0].end if self.layers else 0
+        return self.layers[0].pos.end if self.layers else 0
 
     def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
         return self.get_seq_length() + query_length, 0
+
+    # --- buffers, for a compiled step ------------------------------------------------------------------
+
+    def buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's whole K and V buffers (B, H, capacity, D): the cache is their first rows."""
+        return [(layer._k.buf, layer._v.buf) for layer in self.layers]
+
+    def free_rows(self) -> int:
+        """Rows every layer's buffers still have past the cache."""
+        return min(layer._k.capacity - layer.get_seq_length() for layer in self.layers)
+
+    def written(self, new: int) -> None:
+        """`new` rows were written past the cache, into the buffers, by a compiled step: they are the cache's now."""
+        for layer in self.layers:
+            layer.written(new)
+
+    # --- turn boundaries -------------------------------------------------------------------------------
 
     def mark(self) -> list[tuple]:
         return [layer.mark() for layer in self.layers]
@@ -506,11 +241,11 @@ class StreamingCache(Cache):
             return
         kept = [view.n if plan is None else plan.shape[-1] for plan, view in zip(plans, views, strict=True)]
         end = max(kept)
-        # multimodal RoPE: every layer's units close up to end where the longest layer's do
-        rope_end = max(layer.extent(plan) for layer, plan in zip(self.layers, plans, strict=True)) \
-            if self.multimodal else None
+        rope_end = self.rope.common_end(self.layers, plans)  # multimodal: where every layer's units close up to
         for layer, plan, k in zip(self.layers, plans, kept, strict=True):
             layer.apply(plan, reducer, end - k, rope_end)
+
+    # --- sizes ---------------------------------------------------------------------------------------
 
     @property
     def layer_budgets(self) -> list[int] | None:
@@ -519,11 +254,6 @@ class StreamingCache(Cache):
             return None
         pairs = zip(self.layers, self.budgets, strict=True)
         return [layer.budget if layer.budget is not None else b for layer, b in pairs]
-
-    def pop_score_time(self) -> tuple[float, float]:
-        """(score seconds, probe seconds) since the last call; probe time is measurement, not work."""
-        spent, self.score_s, probe, self.probe_s = self.score_s, 0.0, self.probe_s, 0.0
-        return spent, probe
 
     @property
     def kv_tokens(self) -> int:

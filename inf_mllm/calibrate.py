@@ -39,7 +39,8 @@ def calibrate(model, samples: list[torch.Tensor], points: int = POINTS) -> list[
     for sample in samples:
         cache = StreamingCache.for_model(model, policy, budget=None)  # no eviction: only accumulate
         key = "inputs_embeds" if sample.dim() == 3 else "input_ids"
-        model(**{key: sample.to(model.device)}, past_key_values=cache, use_cache=True)
+        with cache.forward(sample.shape[1], device=model.device) as fwd:  # observed: its attention accumulates
+            model(**{key: sample.to(model.device)}, past_key_values=cache, use_cache=True, **fwd.kwargs)
         curves = torch.stack([resample_curve(priority_curve(policy.importance(layer.view())), points)
                               for layer in cache.layers])
         total = curves if total is None else total + curves

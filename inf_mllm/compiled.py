@@ -90,7 +90,7 @@ class CompiledDecode:
             return f"{type(cache.policy).name} evicts while decoding"
         if not layers or not all(layer.is_initialized for layer in layers):
             return "the cache is empty"
-        if any(obs.queries(layers[0], 1, True) for obs in cache.observers):
+        if cache.decode_observers:
             return "an observer scores decode steps"
         n = layers[0].get_seq_length()
         if any(layer.start or layer.get_seq_length() != n for layer in layers):
@@ -111,17 +111,15 @@ class CompiledDecode:
         turn overwrites the row. On a GPU this returns once the work is queued."""
         if self.failed:
             return None
-        n = cache.layers[0].get_seq_length()
-        if any(n >= layer._k.capacity for layer in cache.layers):
+        if cache.free_rows() <= 0:
             return None  # no free row: the eager step grows the buffers (and the next trace takes the new shape)
-        for view, layer in zip(self.view.layers, cache.layers, strict=True):
-            keys, values = layer._k.buf, layer._v.buf
+        for view, (keys, values) in zip(self.view.layers, cache.buffers(), strict=True):
             if view.keys is not keys or view.values is not values:
                 view.keys, view.values = keys, values
                 if keys.is_cuda:  # CUDA graphs replay on fixed addresses
                     torch._dynamo.mark_static_address(keys)
                     torch._dynamo.mark_static_address(values)
-        self.row.fill_(n)
+        self.row.fill_(cache.get_seq_length())  # every layer holds the same rows from position 0 (`why_not`)
         try:
             logits = self._forward(token[:, None])
         except Exception as err:  # noqa: BLE001 - no compiler here (a GPU without Triton), an op it cannot trace…
@@ -135,8 +133,7 @@ class CompiledDecode:
 
     def commit(self, cache) -> None:
         """The launched step's row is the cache's."""
-        for layer in cache.layers:
-            layer.written(1)
+        cache.written(1)
         self.steps += 1
 
 

@@ -1,7 +1,9 @@
-"""Positions for models whose tokens do not take one position each (Qwen-VL's multimodal RoPE).
+"""Where a layer's tokens sit, as a strategy the cache chooses once: `LinearRoPE` (1-D RoPE) or
+`MultimodalRoPE` (Qwen-VL's). A layer (layer.py) asks its strategy whenever its tokens move: kept, merged,
+shifted, a stored block opened into it, rolled back; the strategy re-rotates the keys.
 
 With 1-D RoPE every token is one position, so a layer's tokens sit at start..start+n-1 and nothing more
-need be kept (cache.py). Multimodal RoPE gives each token three position ids (time, height, width); a
+need be kept. Multimodal RoPE gives each token three position ids (time, height, width); a
 vision block of N tokens at base b has ids b + (t, h, w) offsets and advances the next token's position
 by its *extent* (max(h, w) grid cells for Qwen2-VL), not by N. So the cache keeps, per token, the base of
 its *unit*: a text token is a unit of extent 1, a vision block one unit. Units tile the positions from
@@ -16,9 +18,12 @@ angle as a 1-D shift would (each dimension's angle is its axis's position times 
 kept.
 """
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+
+from .rope import rerotate
 
 
 @dataclass
@@ -65,3 +70,195 @@ def compact(base: torch.Tensor, end: int, idx: torch.Tensor) -> tuple[torch.Tens
     first[..., 1:] = old[..., 1:] != old[..., :-1]
     taken = ext * first
     return old, taken.cumsum(-1) - ext, taken.sum(-1)
+
+
+class LinearRoPE:
+    """1-D RoPE: a layer's i-th token sits at `start` + i, so the layer's start is all there is to keep. Kept keys
+    are re-rotated through the cache's table of shifts (`rope.RotationTable`)."""
+
+    multimodal = False
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    # --- what the cache asks once per forward or eviction ----------------------------------------
+
+    @staticmethod
+    def turn(cache, length: int, positions: TurnPositions | None, held: int, batch: int, device) -> tuple[dict, None]:
+        """The model's default position ids (arange + cache length) are right: nothing to pass, nothing to announce."""
+        return {}, None
+
+    @staticmethod
+    def common_end(layers, plans) -> None:
+        return None
+
+    @staticmethod
+    def span(cache, length: int) -> tuple[list[int], torch.Tensor, None]:
+        """The last `length` tokens of every layer: the position each layer holds the first at, their offsets
+        from it, and (multimodal only) their unit bases and extent."""
+        return [layer.start + layer.get_seq_length() - length for layer in cache.layers], torch.arange(length), None
+
+    # --- the layer's tokens moving ---------------------------------------------------------------
+
+    def place(self, new: int, incoming) -> None:
+        pass
+
+    def moved(self, keys: torch.Tensor, delta: torch.Tensor, start: int, out: torch.Tensor | None = None):
+        """Keys re-rotated by `delta` as the layer's tokens move to sit from `start` (into `out` if given). A token
+        never moves right by more than the start moved (only tokens before it drop out) nor left by more than
+        the layer's length plus what the start moved back, so the bounds come from the host's counts, without
+        reading `delta`."""
+        layer = self.layer
+        reach = layer.keys.shape[-2] + max(0, layer.start - start)
+        return layer.cache.rotations.rotate(keys, delta, reach, forward=start > layer.start, out=out)
+
+    def keep(self, keys: torch.Tensor, idx: torch.Tensor, start: int, end: int | None) -> None:
+        """The layer's keys become `keys`, taken at idx (B, g, K), re-rotated to sit at start..start+K-1."""
+        layer = self.layer
+        delta = torch.arange(idx.shape[-1], device=idx.device) + (start - layer.start) - idx  # new - old position
+        front = layer._k.front(idx.shape[-1])  # its rows were taken: free to write
+        with layer._k.writing() if front is not None else nullcontext():
+            layer.keys = self.moved(keys, delta, start, out=front)
+
+    def merged(self, keys, idx, bucket, pos, start: int, end: int | None) -> torch.Tensor:
+        """All the layer's keys, each moved to where its bucket (`bucket`, (B, g, n)) will sit."""
+        return self.moved(keys, bucket + (start - self.layer.start) - pos, start)
+
+    def shift(self, start: int, end: int | None) -> None:
+        layer = self.layer
+        delta = torch.full((1, 1, layer.get_seq_length()), start - layer.start, device=layer.keys.device)
+        layer.keys = self.moved(layer.keys, delta, start)
+
+    def open(self, at: int, bases: torch.Tensor, m: int) -> tuple[int, int]:
+        """Room for a block of m tokens at index `at`: where its first token sits, and how far the tokens after it
+        move."""
+        return self.layer.start + at, m
+
+    def positions(self, first: int) -> torch.Tensor:
+        """The positions of the tokens from index `first` on, (rows, L)."""
+        layer = self.layer
+        return (layer.start + torch.arange(first, layer.get_seq_length(), device=layer.keys.device))[None]
+
+    def mark(self):
+        return None
+
+    def rollback(self, mark, n: int) -> None:
+        pass
+
+    def buffers(self) -> tuple:
+        return ()
+
+
+class MultimodalRoPE:
+    """Multimodal RoPE (above): the layer also keeps each token's unit base (`base`, (B, 1 or H, n)) and the next
+    position (`end`, the same in every layer); its start only aligns storage for the causal mask. Keys are
+    re-rotated by `rope.rerotate` directly: shifts come from the units, not from a table of counts."""
+
+    multimodal = True
+
+    def __init__(self, layer):
+        from .buffer import KVBuffer
+
+        self.layer = layer
+        self._base = KVBuffer(layer.cache.static)
+        self.end = 0
+
+    base = property(lambda self: self._base.get(), lambda self, value: self._base.set(value))
+
+    @staticmethod
+    def turn(cache, length: int, positions: TurnPositions | None, held: int, batch: int, device) -> tuple[dict, tuple]:
+        """The forward's explicit position ids (axes, B, L), its turn placed at the cache's end, and what the layers
+        keep of them (the tokens' unit bases and the next position), moved to the device once, not per layer."""
+        turn = (positions or TurnPositions.text(length)).after(held)
+        end = cache.rope_end
+        incoming = ((turn.base + end).to(device), end + turn.extent)
+        return {"position_ids": (turn.ids + end)[:, None].expand(-1, batch, -1).to(device)}, incoming
+
+    @staticmethod
+    def common_end(layers, plans) -> int:
+        """Where every layer's kept units end after an eviction: where the longest layer's close up to."""
+        return max(layer.pos.extent(plan) for layer, plan in zip(layers, plans, strict=True))
+
+    @staticmethod
+    def span(cache, length: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        top = cache.layers[0]
+        turn = top.pos.base[0, 0, top.get_seq_length() - length:].cpu()  # the same in every layer
+        start = int(turn[0])
+        own = turn - start
+        return [start] * len(cache.layers), own, torch.cat([own, torch.tensor([top.pos.end - start])])
+
+    def place(self, new: int, incoming) -> None:
+        """The new tokens' unit bases and the next position, as the forward announced them."""
+        if incoming is None or incoming[0].shape[-1] != new:
+            raise ValueError("a multimodal-RoPE forward needs its positions: pass the turn's position ids "
+                             "through StreamSession (positions=)")
+        base, self.end = incoming
+        rows = 1 if self.base is None else self.base.shape[1]
+        self._base.append(base.expand(self.layer._k.get().shape[0], rows, new))
+
+    def closed_up(self, idx: torch.Tensor, end: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The kept tokens' (old, new) unit bases, their units closed up to end at `end` (None: each row's first
+        kept unit stays where it is, the rows ending together); sets base and end."""
+        old, new, total = compact(self.base, self.end, idx)
+        if end is None:
+            end = int((old[..., 0] + total).max())
+        new = new + (end - total)[..., None]
+        self.base, self.end = new, end
+        return old, new
+
+    def keep(self, keys, idx, start, end) -> None:
+        old, new = self.closed_up(idx, end)
+        self.layer.keys = rerotate(keys, new - old, self.layer.cache.inv_freq)
+
+    def merged(self, keys, idx, bucket, pos, start, end) -> torch.Tensor:
+        """Each member moves as its anchor's unit does."""
+        b, n = keys.shape[0], keys.shape[2]
+        base = self.base
+        _, new = self.closed_up(idx, end)
+        rows = new.shape[1]
+        moved = new.gather(-1, bucket.expand(b, rows, n)) - base.expand(b, rows, n)
+        return rerotate(keys, moved, self.layer.cache.inv_freq)
+
+    def shift(self, start, end) -> None:
+        """Moved by end - self.end positions (stored from `start`, which the layer sets)."""
+        layer = self.layer
+        if end is not None and end != self.end:
+            n = layer.get_seq_length()
+            layer.keys = rerotate(layer.keys, torch.full((1, 1, n), end - self.end, device=layer.keys.device),
+                                  layer.cache.inv_freq)
+            self.base, self.end = self.base + (end - self.end), end
+
+    def extent(self, idx: torch.Tensor | None) -> int:
+        """The positions this layer's tokens (those at idx, if given) take when closed up."""
+        if idx is None:
+            return self.end - int(self.base[..., 0].min())
+        idx = idx.to(self.base.device)
+        return int(compact(self.base, self.end, idx[:, None, :] if idx.dim() == 2 else idx)[2].max())
+
+    def open(self, at: int, bases: torch.Tensor, m: int) -> tuple[torch.Tensor, int]:
+        """Room for a block of unit bases `bases` ((m + 1,): from 0, then its extent) at index `at`, which must begin
+        a unit in every row; returns where the block's first unit sits, (B, rows, 1), and its extent."""
+        bases, extent = bases[:-1].to(self.base.device), int(bases[-1])  # bases: host memory
+        n = self.base.shape[-1]
+        if 0 < at < n and bool((self.base[..., at] == self.base[..., at - 1]).any()):
+            raise ValueError(f"cannot link a span at index {at}: it falls inside a vision block")
+        rows = self.base.shape[:2]
+        to = self.base[..., at:at + 1] if at < n else self.base.new_full((*rows, 1), self.end)
+        self.base = torch.cat([self.base[..., :at], to + bases, self.base[..., at:] + extent], dim=-1)
+        self.end += extent
+        return to, extent
+
+    def positions(self, first: int) -> torch.Tensor:
+        """For the text tokens they are meant for (a question's keys), a token's unit base is its position."""
+        return self.base[0, :, first:]
+
+    def mark(self):
+        return self.end
+
+    def rollback(self, mark, n: int) -> None:
+        self.end = mark
+        if self.base is not None:
+            self.base = self.base[..., :n] if n else None
+
+    def buffers(self) -> tuple:
+        return (self._base,)

@@ -35,28 +35,23 @@ def scoring_layers(recall: Recall, num_layers: int) -> list[int]:
 
 
 def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> Span:
-    """The last `length` tokens of every layer as a span: keys de-rotated to 0..length-1, and, in the
-    scoring layers, a summary of the mean key plus `reps` keys the turn's own window attended to most
-    (all of them for a short turn), per KV head, without RoPE."""
-    keys, values, summary, bases = [], [], [], None
+    """The last `length` tokens of every layer as a span, as the cache holds them: keys rotated at their positions
+    (`origin`: where each layer holds the first), so storing rotates nothing and linking rotates once. In the
+    scoring layers, a summary of the mean key plus `reps` keys the turn's own window attended to most (all of
+    them for a short turn), per KV head, without RoPE."""
+    keys, values, summary = [], [], []
     scoring = set(scoring_layers(recall, len(cache.layers)))
-    own = torch.arange(length)
-    if cache.multimodal:  # the turn's units from 0, then its extent: the same in every layer
-        top = cache.layers[0]
-        turn = top.base[0, 0, top.get_seq_length() - length:].cpu()
-        start = int(turn[0])
-        own = turn - start
-        bases = torch.cat([own, torch.tensor([top.end - start])])
+    origins, own, bases = cache.rope.span(cache, length)  # multimodal: the turn's units from 0, then its extent
     own = own.to(cache.layers[0].keys.device)  # once, not in every scoring layer
     for i, layer in enumerate(cache.layers):
         n = layer.get_seq_length()
-        first = start if cache.multimodal else layer.start + n - length
-        k = layer.keys[0, :, n - length:]  # (H, L, d), at positions first..first+L-1
-        k = cache.rotations.rotate(k, torch.full((1, length), -first, device=k.device), first + 1) if first else k
+        k = layer.keys[0, :, n - length:]  # (H, L, d), at positions origin..origin+L-1 (under 1-D RoPE)
         keys.append(k)
         values.append(layer.values[0, :, n - length:])
         if i not in scoring:
             continue
+        first = origins[i]
+        k = cache.rotations.rotate(k, torch.full((1, length), -first, device=k.device), first + 1) if first else k
         bare = rerotate(k, -own, cache.inv_freq)  # no RoPE (a vision token keeps its offsets in its unit)
         h = k.shape[0]
         scores = layer.window_scores
@@ -70,7 +65,7 @@ def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> S
         summary.append(torch.cat([bare.mean(dim=1, keepdim=True), picked], dim=1))
     # in host memory: a GPU's memory holds the bounded cache alone, however many turns are stored
     return Span(span_id, length, torch.stack(summary).to("cpu", torch.float16), meta,
-                torch.stack(keys).to("cpu"), torch.stack(values).to("cpu"), bases)
+                torch.stack(keys).to("cpu"), torch.stack(values).to("cpu"), bases, torch.tensor(origins))
 
 
 # --- choosing spans ---------------------------------------------------------------------------------
@@ -90,8 +85,7 @@ def resident_spans(cache, store: SpanStore, share: float) -> set[int]:
 def span_scores(question_keys: list[torch.Tensor], store: SpanStore, candidates: list[int]) -> torch.Tensor:
     """(N, scoring layers) scores of the candidate spans: `question_keys` holds per scoring layer the
     question's keys without RoPE, (Hkv, M, d)."""
-    ids, summaries = store.summaries()
-    rows = torch.tensor([ids.index(i) for i in candidates])
+    rows, summaries = store.summary_rows(candidates)
     q = torch.nn.functional.normalize(torch.stack(question_keys).float(), dim=-1)  # (L, Hkv, M, d)
     s = torch.nn.functional.normalize(summaries[rows].to(q.device).float(), dim=-1)  # (N, L, Hkv, R, d)
     sim = torch.einsum("nlhrd,lhmd->nlhmr", s, q).amax(dim=-1)  # each question token's best span key
@@ -132,38 +126,37 @@ def choose(store: SpanStore, resident: set[int], recall: Recall, question_keys=N
 
 
 def link(cache, store: SpanStore, span_ids: list[int], at: str, recalled: bool = True) -> list[int]:
-    """Insert the spans' KV as one block (in the given order) into every layer; returns those linked.
-    Recalled tokens are tagged to leave at the next turn; others (a restored session) stay as turns."""
+    """Insert the spans' KV as one block (in the given order) into every layer; returns those linked. Each span's
+    keys are rotated once, from where they were stored to where they now sit. Recalled tokens are tagged to leave
+    at the next turn; others (a restored session) stay as turns."""
     blocks = [(i, store.kv(i)) for i in span_ids]
     blocks = [(i, kv) for i, kv in blocks if kv is not None]  # a corrupt file drops its span
     if not blocks:
         return []
-    keys, values, tags, bases, offset = [], [], [], [], 0
-    device = cache.layers[0].keys.device
-    for span_id, (k, v) in blocks:  # (layers, H, k, d) each, keys at 0..k-1 → offset..offset+k-1
-        k, v = k.to(device), v.to(device)  # stored in host memory
-        shift = torch.full((1, 1, k.shape[2]), offset, device=device)
-        keys.append(rerotate(k, shift, cache.inv_freq) if offset else k)
-        values.append(v)
-        tags.append(torch.full((k.shape[2],), -1 - span_id if recalled else span_id, dtype=torch.long))
-        own = store.spans[span_id].bases  # multimodal RoPE: its units from 0, then its extent
-        own = torch.arange(k.shape[2] + 1) if own is None else own
+    keys, values, tags, bases, moves, offset = [], [], [], [], [], 0
+    device, layers = cache.layers[0].keys.device, len(cache.layers)
+    for span_id, (k, v) in blocks:  # (layers, H, m, d) each, keys at origin..origin+m-1 → offset..offset+m-1
+        span, m = store.spans[span_id], k.shape[2]
+        keys.append(k.to(device))  # stored in host memory
+        values.append(v.to(device))
+        tags.append(torch.full((m,), -1 - span_id if recalled else span_id, dtype=torch.long))
+        origin = span.origin if span.origin is not None else torch.zeros(layers, dtype=torch.long)  # older files
+        moves.append((offset - origin)[:, None].expand(layers, m))
+        own = span.bases  # multimodal RoPE: its units from 0, then its extent
+        own = torch.arange(m + 1) if own is None else own
         bases.append(own[:-1] + offset)
         offset += int(own[-1])
-    keys, values, tag = torch.cat(keys, dim=2), torch.cat(values, dim=2), torch.cat(tags)
+    keys, values, tag, moves = torch.cat(keys, dim=2), torch.cat(values, dim=2), torch.cat(tags), torch.cat(moves, 1)
     bases = torch.cat([*bases, torch.tensor([offset])])
     for i, layer in enumerate(cache.layers):
         n = layer.get_seq_length()
         pos = n if at == "end" else min(4, n)
-        layer.insert(pos, keys[i][None], values[i][None], tag, bases)
+        layer.insert(pos, keys[i][None], values[i][None], tag, moves[i], bases, recalled=recalled)
     return [i for i, _ in blocks]
 
 
 def unlink(cache) -> None:
-    """Take linked (recalled) tokens out of every layer; the rest close up to contiguous positions."""
+    """Take linked (recalled) tokens out of every layer; the rest close up to contiguous positions. Each layer
+    knows where its linked block sits (host counts), so nothing is read back from the device."""
     for layer in cache.layers:
-        ids = layer.turn_ids
-        if ids is None or not bool((ids < 0).any()):
-            continue
-        keep = (ids[:, 0] >= 0).nonzero()[:, 1][None]  # linking is uniform over heads and batch 1
-        layer.keep(keep)
+        layer.unlink()

@@ -16,6 +16,7 @@ from . import recall as recall_
 from .attention import measured_clock
 from .cache import ProbeDone, StreamingCache
 from .compiled import compiled_decode
+from .decoding import HandOver, eos_set, pick
 from .positions import TurnPositions
 from .rope import rerotate
 from .spec import PolicySpec, Recall, as_spec
@@ -50,14 +51,17 @@ class StreamSession:
                  recall: Recall | None = None, store: SpanStore | str | None = None, static: bool = True,
                  compile_decode: bool = False, **options):
         self.model, self.tokenizer = model, tokenizer
-        spec = as_spec(policy, **options)
-        self.recall = recall or spec.recall
+        spec = as_spec(policy, **options)  # the one conversion of a policy string on the way to the cache
+        if recall is not None:
+            spec = spec.with_recall(recall)
+        self.recall = spec.recall
         self.cache = StreamingCache.for_model(model, spec, budget, batch=batch, static=static)
         self._compiled = compiled_decode(model) if compile_decode else None
         self.batch = batch
         self.seen = 0  # tokens streamed in so far, whatever was evicted
         self.turns = 0  # turns appended so far; a stored turn's span id is its turn number
         self.last = TurnStats()
+        self.clock = time.perf_counter  # what turns and answers are timed by (a test gives one it steps itself)
         self.last_recalled: list[tuple[int, dict]] = []  # (span id, meta) linked for the last question
         self._pending: torch.Tensor | None = None  # (B, 1) last answer token, not yet in the cache
         self._logits: torch.Tensor | None = None
@@ -74,7 +78,6 @@ class StreamSession:
                 raise ValueError(f"recall needs a policy that evicts only at turn boundaries, not {spec.policy_name}")
             self.store = store if isinstance(store, SpanStore) else SpanStore(store)
             self.turns = self.store.next_id
-            self.cache.enable_recall(model, self.recall.window)
 
     @property
     def device(self):
@@ -124,17 +127,14 @@ class StreamSession:
         t0 = self._clock()
         kwargs = {"input_ids": input_ids} if input_ids is not None else {"inputs_embeds": inputs_embeds}
         kwargs["logits_to_keep"] = 0 if all_logits else 1  # 0: every position
-        self.cache.turn = self.turns
         marks = self.cache.mark()
-        kwargs |= self._position_ids(length - held, positions, held)
-        self.cache.announce_vision(None if vision is None else vision[1] + held)
-        try:
-            out = self.model(**kwargs, past_key_values=self.cache, use_cache=True)
-        except BaseException:  # a turn that fails (out of memory, Ctrl-C) leaves the session as it was
-            self.cache.rollback(marks)
-            raise
-        finally:
-            self.cache.vision_end, self.cache.incoming = None, None
+        with self.cache.forward(length, turn=self.turns, positions=positions, held=held, batch=self.batch,
+                                vision_end=None if vision is None else vision[1] + held, device=self.device) as fwd:
+            try:
+                out = self.model(**kwargs, **fwd.kwargs, past_key_values=self.cache, use_cache=True)
+            except BaseException:  # a turn that fails (out of memory, Ctrl-C) leaves the session as it was
+                self.cache.rollback(marks)
+                raise
         self._pending = None
         t1 = self._clock()
         if self.recall is not None and store:
@@ -148,18 +148,9 @@ class StreamSession:
         self.last = stats
         return out.logits
 
-    def _position_ids(self, length: int, positions: TurnPositions | None, held: int = 0) -> dict:
-        """Under multimodal RoPE, the forward's explicit position ids (axes, B, L), its turn placed at the
-        cache's end, announced to the cache; nothing for 1-D RoPE, whose default position ids are right."""
-        if not self.cache.multimodal:
-            return {}
-        turn = (positions or TurnPositions.text(length)).after(held)
-        end = self.cache.rope_end
-        self.cache.incoming = ((turn.base + end).to(self.device), end + turn.extent)  # moved once, not per layer
-        return {"position_ids": (turn.ids + end)[:, None].expand(-1, self.batch, -1).to(self.device)}
-
     def _clock(self) -> float:
-        return measured_clock(self.cache, self.device)  # a prefill's kernels are not timed as the eviction after it
+        """A prefill's kernels are not timed as the eviction after it."""
+        return measured_clock(self.cache.timing, self.device, self.clock)
 
     def _with_pending(self, input_ids, inputs_embeds):
         """The turn with the held-back last answer token in front of it."""
@@ -186,7 +177,7 @@ class StreamSession:
         self._end_answer()
         self._forget_question()
         keep = keep or self.cache.policy.evict_while_decoding
-        linked, t0 = [], time.perf_counter()
+        linked, t0 = [], self.clock()
         if self.recall is not None:
             recall_.unlink(self.cache)
             resident = recall_.resident_spans(self.cache, self.store, self.recall.resident)
@@ -196,7 +187,7 @@ class StreamSession:
                 keys = self._question_keys(probe_ids if probe_ids is not None else input_ids)
             chosen = recall_.choose(self.store, resident, self.recall, keys, named, oracle)
             linked = recall_.link(self.cache, self.store, chosen, self.recall.at)
-        spent = time.perf_counter() - t0
+        spent = self.clock() - t0
         marks = None if keep else self.cache.mark()
         logits = self._prefill(input_ids, None, evict=keep and not linked, store=False, meta=None,
                                all_logits=all_logits)
@@ -229,20 +220,18 @@ class StreamSession:
         layers = recall_.scoring_layers(self.recall, len(self.cache.layers))
         marks = self.cache.mark()
         ids, _ = self._with_pending(probe_ids.to(self.device), None)
-        self.cache.probe_layers = layers[-1] + 1
-        try:
-            with contextlib.suppress(ProbeDone):  # raised once the last scoring layer has run
-                self.model(input_ids=ids, past_key_values=self.cache, use_cache=True,
-                           **self._position_ids(ids.shape[1], None))
-            keys = []
-            for i in layers:
-                layer = self.cache.layers[i]
-                k = layer.keys[0, :, marks[i][0]:]
-                keys.append(rerotate(k, -layer.positions(marks[i][0]), self.cache.inv_freq))
-            return keys
-        finally:
-            self.cache.probe_layers, self.cache.incoming = None, None
-            self.cache.rollback(marks)
+        with self.cache.forward(ids.shape[1], probe_until=layers[-1] + 1, batch=self.batch, device=self.device) as fwd:
+            try:
+                with contextlib.suppress(ProbeDone):  # raised once the last scoring layer has run
+                    self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, **fwd.kwargs)
+                keys = []
+                for i in layers:
+                    layer = self.cache.layers[i]
+                    k = layer.keys[0, :, marks[i][0]:]
+                    keys.append(rerotate(k, -layer.positions(marks[i][0]), self.cache.inv_freq))
+                return keys
+            finally:
+                self.cache.rollback(marks)
 
     def append_text(self, text: str, **kwargs) -> torch.Tensor:
         ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
@@ -259,7 +248,7 @@ class StreamSession:
         `last.decode_s` counts the model's time, not the consumer's."""
         if self._logits is None:
             raise ValueError("append a turn before generating")
-        eos = _eos_set(eos_token_id if eos_token_id is not None else self.model.generation_config.eos_token_id)
+        eos = eos_set(eos_token_id if eos_token_id is not None else self.model.generation_config.eos_token_id)
         logits, done = self._logits, torch.zeros(self.batch, dtype=torch.bool, device=self.device)
         self._logits = None
         eos_ids = torch.tensor(sorted(eos), dtype=torch.long, device=self.device)
@@ -276,12 +265,12 @@ class StreamSession:
         compiled = self._compiled if self._compiled is not None and self._compiled.why_not(self.cache) is None \
             else None
         run_ahead = compiled is not None and self.run_ahead
-        hand_over = _HandOver(self.device, self.batch)
+        hand_over = HandOver(self.device, self.batch)
         ahead = None  # the logits of the step launched for the token in the consumer's hands, not yet committed
         try:
             t0 = self._clock()
             for step in range(max_new_tokens):
-                token = _pick(logits, do_sample, temperature, top_p, generator)
+                token = pick(logits, do_sample, temperature, top_p, generator)
                 token = torch.where(done, token.new_full(token.shape, filler), token)
                 done |= torch.isin(token, eos_ids)
                 last = step == max_new_tokens - 1
@@ -290,9 +279,9 @@ class StreamSession:
                     ahead = compiled.launch(self.cache, token)  # dropped if the answer ends at this token
                 handed, finished = hand_over.receive()
                 self.last.decoded = step + 1
-                self.last.decode_s += time.perf_counter() - t0  # the token is ready: its steps have run
+                self.last.decode_s += self.clock() - t0  # the token is ready: its steps have run
                 yield handed
-                t0 = time.perf_counter()  # the consumer's time is not the model's
+                t0 = self.clock()  # the consumer's time is not the model's
                 if finished or last:
                     break
                 if ahead is not None:
@@ -301,10 +290,10 @@ class StreamSession:
                 else:
                     logits = compiled.step(self.cache, token) if compiled is not None else None
                 if logits is None:
-                    with self.cache.decode_step():  # this forward only: nothing is held while the answer pauses
+                    # this forward only: nothing is held while the answer pauses
+                    with self.cache.forward(1, decoding=True, batch=self.batch, device=self.device) as fwd:
                         out = self.model(input_ids=token[:, None], past_key_values=self.cache, use_cache=True,
-                                         **self._position_ids(1, None))
-                    self.cache.incoming = None
+                                         **fwd.kwargs)
                     logits = out.logits[:, -1]
                 token = None  # in the cache now
                 self.seen += 1
@@ -332,48 +321,3 @@ class StreamSession:
     @property
     def kv_bytes(self) -> int:
         return self.cache.kv_bytes
-
-
-class _HandOver:
-    """How each answer token reaches the consumer. From a GPU it goes through pinned host memory with the rows'
-    end flags, and only that copy is waited for, so a step queued after it (run ahead) keeps the GPU busy; on a
-    CPU the token is there already."""
-
-    def __init__(self, device: torch.device, batch: int):
-        self.device = device
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.host = torch.empty((2, batch), dtype=torch.long, pin_memory=True)
-            self.ready = torch.cuda.Event()
-
-    def send(self, token: torch.Tensor, done: torch.Tensor) -> None:
-        self.token, self.done = token, done
-        if self.cuda:
-            self.host[0].copy_(token, non_blocking=True)
-            self.host[1].copy_(done, non_blocking=True)
-            self.ready.record(torch.cuda.current_stream(self.device))  # the model's GPU, not the current one
-
-    def receive(self) -> tuple[torch.Tensor, bool]:
-        """The tokens (B,) on the CPU and whether every row has ended, once they are there."""
-        if not self.cuda:
-            return self.token, bool(self.done.all())
-        self.ready.synchronize()
-        return self.host[0].clone(), bool(self.host[1].all())
-
-
-def _eos_set(eos) -> set[int]:
-    if eos is None:
-        return set()
-    return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
-
-
-def _pick(logits, do_sample, temperature, top_p, generator) -> torch.Tensor:
-    if not do_sample:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / max(temperature, 1e-5), dim=-1)
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        drop = sorted_p.cumsum(dim=-1) - sorted_p > top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)

@@ -176,16 +176,40 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
-def parse_budget(value) -> "int | str | None":
-    """A user's budget: tokens per layer (int), a memory size (its text, e.g. '512MB') or 'auto'; None
-    (no budget) stays None. Anything else is a ValueError with one line saying what to write."""
-    if value is None or isinstance(value, int) and not isinstance(value, bool):
-        if value is not None and value < 1:
-            raise ValueError(f"a budget must be at least 1 token, got {value}")
+@dataclass(frozen=True)
+class Budget:
+    """A KV budget as the user gave it, parsed once: tokens per layer (`tokens`), a memory size for the whole
+    cache (`bytes`), tokens per layer listed layer by layer (`layers`), or `auto` (sized from free memory once
+    the model has loaded; `streaming.memory`). `text` is how it was written. `inf_mllm.budget.layer_budgets`
+    turns one into per-layer tokens for a model's shape."""
+
+    tokens: int | None = None
+    bytes: int | None = None
+    layers: tuple[int, ...] | None = None
+    auto: bool = False
+    text: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_budget(value) -> "Budget | None":
+    """A user's budget (an int, a list per layer, or text: "512", "512MB", "2GiB", "auto"; a `Budget` as it is) as
+    a `Budget`; None (no budget) stays None. Anything else is a ValueError with one line saying what to write."""
+    if value is None or isinstance(value, Budget):
         return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 1:
+            raise ValueError(f"a budget must be at least 1 token, got {value}")
+        return Budget(tokens=value, text=str(value))
+    if isinstance(value, list | tuple):
+        layers = tuple(int(b) for b in value)
+        if not layers or min(layers) < 1:
+            raise ValueError(f"a per-layer budget needs at least 1 token in every layer, got {list(value)}")
+        return Budget(layers=layers, text=",".join(map(str, layers)))
     text = str(value).strip()
     if text.lower() == "auto":
-        return "auto"
+        return Budget(auto=True, text="auto")
     if text.isdigit():
         return parse_budget(int(text))
     try:
@@ -194,4 +218,4 @@ def parse_budget(value) -> "int | str | None":
         size = 0
     if size <= 0:
         raise ValueError(f"budget {text!r}: give tokens per layer (512), a memory size (512MB, 2GiB) or auto")
-    return text
+    return Budget(bytes=size, text=text)

@@ -1,12 +1,20 @@
 """A store of turns' KV, position-independent, so an evicted turn can be linked back later (MPIC).
 
-Every stored turn (a *span*) keeps its keys de-rotated to its own positions 0..k-1, its values, and
-a small summary for scoring: per layer and KV head, `r` representative keys with RoPE removed
-(picked by the attention the turn's own window paid them, as InfLLM picks block representatives).
-Summaries always stay in RAM; the KV lives in a RAM tier with a byte cap and, when the store has a
-folder, in safetensors files written through on arrival (atomic rename, SHA-256 checked on load),
-so a session survives a restart. Both tiers drop their least recently used spans past their caps;
-a disk that fills up (or turns read-only) degrades the store to RAM only, with one warning.
+Every stored turn (a *span*) keeps its keys as the cache held them, with the position each layer held its
+first token at (`origin`; files from before it have keys de-rotated to 0..k-1, origin 0), so storing rotates
+nothing and linking rotates once; its values; and a small summary for scoring: per layer and KV head, `r`
+representative keys with RoPE removed (picked by the attention the turn's own window paid them, as InfLLM
+picks block representatives). Summaries always stay in RAM, stacked once for scoring; the KV lives in a RAM
+tier with a byte cap and, when the store has a folder, in safetensors files written through on arrival
+(atomic rename, SHA-256 checked on load), so a session survives a restart. Both tiers drop their least
+recently used spans past their caps; a disk that fills up (or turns read-only) degrades the store to RAM
+only, with one warning.
+
+The folder's writes (serialising, hashing, fsync) run on a writer thread of the store, in the order they were
+asked for, so the model's thread does not wait for the disk. `flush()` waits for them: what a caller was told
+is written after a `flush()` survives a crash of the process (a session folder flushes before it records an
+answer, and on close). A span stays in RAM until its file is written; warnings of the writer are given on the
+caller's thread, at its next call.
 
 One process writes a store folder at a time (a lock, `diskio.FolderLock`; a folder that cannot be
 written is opened read-only). The index is crash-safe (`store_index`): a torn or damaged record is
@@ -16,6 +24,7 @@ and span ids are never reused, even for spans that were dropped.
 
 import hashlib
 import json
+import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -27,6 +36,8 @@ from safetensors.torch import load, save
 
 from . import diskio, store_index
 from .spec import parse_bytes
+from .summaries import SummaryStack
+from .writer import Writer
 
 
 @dataclass
@@ -38,6 +49,7 @@ class Span:
     keys: torch.Tensor | None = None  # (layers, Hkv, k, d) at positions 0..k-1
     values: torch.Tensor | None = None
     bases: torch.Tensor | None = None  # multimodal RoPE: (k + 1,) its tokens' unit bases from 0, then its extent
+    origin: torch.Tensor | None = None  # (layers,) the position of its first token in each layer (None: 0)
 
     @property
     def nbytes(self) -> int:
@@ -62,19 +74,25 @@ class SpanStore:
         self.folder = Path(folder) if folder is not None else None
         self.spans: OrderedDict[int, Span] = OrderedDict()  # every known span, least recently used first
         self.on_disk: dict[int, tuple[str, str, int]] = {}  # id -> (file, sha256, bytes)
-        self._summaries: tuple[list[int], torch.Tensor] | None = None
+        self._stack = SummaryStack()
         self._next_id = 0  # above every id the folder ever indexed: ids are never reused
         self.writable, self._lock, self._index = False, None, None
+        self._writer = Writer()
+        self._pending: set[int] = set()  # spans whose file the writer has yet to write
+        self._state = threading.Lock()  # on_disk and _pending, shared with the writer
         if self.folder is not None:
             self._open_folder()
 
     # --- adding and reading ---------------------------------------------------------------------
 
     def add(self, span: Span) -> None:
+        self._writer.check()
         self.spans[span.id] = span
-        self._summaries = None
-        if self.folder is not None:
-            self._write(span)
+        self._stack.add(span)
+        if self.folder is not None and self.writable:
+            with self._state:
+                self._pending.add(span.id)
+            self._writer.submit(self._write, span)
         self._enforce()
 
     def kv(self, span_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -93,18 +111,19 @@ class SpanStore:
 
     def drop(self, span_id: int) -> None:
         self.spans.pop(span_id, None)
-        self._summaries = None
-        entry = self.on_disk.pop(span_id, None)
+        self._stack.drop(span_id)
+        with self._state:
+            entry = self.on_disk.pop(span_id, None)
         if entry is not None:
             self._forget(span_id, entry[0])
 
     def summaries(self) -> tuple[list[int], torch.Tensor | None]:
         """Ids and their stacked summaries (N, layers, Hkv, r, d), in id order."""
-        if self._summaries is None:
-            ids = sorted(self.spans)
-            stacked = torch.stack([self.spans[i].summary for i in ids]) if ids else None
-            self._summaries = (ids, stacked)
-        return self._summaries
+        return self._stack.all()
+
+    def summary_rows(self, span_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The rows of `span_ids` in the stacked summaries, and the stack (found by id, not searched)."""
+        return self._stack.rows(span_ids), self._stack.all()[1]
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -118,59 +137,77 @@ class SpanStore:
 
     @property
     def disk_bytes(self) -> int:
-        return sum(b for _, _, b in self.on_disk.values())
+        with self._state:
+            return sum(b for _, _, b in self.on_disk.values())
 
     # --- caps -----------------------------------------------------------------------------------
 
     def _enforce(self) -> None:
+        self._said()
         if self.ram_cap is not None:
             ram = self.ram_bytes
             for span in list(self.spans.values()):  # least recently used first
                 if ram <= self.ram_cap:
                     break
-                if span.keys is None:
+                with self._state:
+                    written, pending = span.id in self.on_disk, span.id in self._pending
+                if span.keys is None or pending:  # a span stays in RAM until its file is written
                     continue
                 ram -= span.nbytes
-                if span.id in self.on_disk:
+                if written:
                     span.keys = span.values = None  # still on disk
                 else:
                     self.drop(span.id)
         if self.disk_cap is not None and self.on_disk:
-            disk = self.disk_bytes
-            for span_id in [i for i in self.spans if i in self.on_disk]:
+            with self._state:
+                on_disk = dict(self.on_disk)
+            disk = sum(b for _, _, b in on_disk.values())
+            for span_id in [i for i in self.spans if i in on_disk]:
                 if disk <= self.disk_cap:
                     break
-                disk -= self.on_disk[span_id][2]
+                disk -= on_disk[span_id][2]
                 if self.spans[span_id].keys is None:
                     self.drop(span_id)
                 else:  # stays in RAM only
-                    self._forget(span_id, self.on_disk.pop(span_id)[0])
+                    with self._state:
+                        name = self.on_disk.pop(span_id)[0]
+                    self._forget(span_id, name)
 
-    # --- disk tier ------------------------------------------------------------------------------
+    # --- disk tier (on the writer thread) -------------------------------------------------------
 
     def _write(self, span: Span) -> None:
-        if not self.writable:
-            return
-        name = f"span_{span.id:08d}.safetensors"
-        tensors = {"keys": span.keys.contiguous(), "values": span.values.contiguous(),
-                   "summary": span.summary.contiguous()}
-        if span.bases is not None:
-            tensors["bases"] = span.bases.contiguous()
-        data = save(tensors,
-                    metadata={"meta": json.dumps(span.meta), "length": str(span.length), "id": str(span.id)})
-        digest = hashlib.sha256(data).hexdigest()
         try:
-            diskio.write_atomic(self.folder / name, data)
-            self._index.append(store_index.encode({"id": span.id, "file": name, "sha256": digest,
-                                                   "bytes": len(data)}))
-        except OSError as err:  # a file without its record is re-indexed when the folder is reopened
-            self._stop_writing(f"{diskio.why(err)} ({self.folder})")
-            return
-        self.on_disk[span.id] = (name, digest, len(data))
+            if not self.writable:
+                return
+            name = f"span_{span.id:08d}.safetensors"
+            tensors = {"keys": span.keys.contiguous(), "values": span.values.contiguous(),
+                       "summary": span.summary.contiguous()}
+            for key in ("bases", "origin"):
+                if getattr(span, key) is not None:
+                    tensors[key] = getattr(span, key).contiguous()
+            data = save(tensors,
+                        metadata={"meta": json.dumps(span.meta), "length": str(span.length), "id": str(span.id)})
+            digest = hashlib.sha256(data).hexdigest()
+            try:
+                diskio.write_atomic(self.folder / name, data)
+                self._index.append(store_index.encode({"id": span.id, "file": name, "sha256": digest,
+                                                       "bytes": len(data)}))
+            except OSError as err:  # a file without its record is re-indexed when the folder is reopened
+                self._stop_writing(f"{diskio.why(err)} ({self.folder})")
+                return
+            with self._state:
+                self.on_disk[span.id] = (name, digest, len(data))
+        finally:
+            with self._state:
+                self._pending.discard(span.id)
 
     def _forget(self, span_id: int, name: str) -> None:
         """A span's file leaves the disk: first a tombstone record, which keeps its id from being reused and
-        its file from being re-indexed, then the file."""
+        its file from being re-indexed, then the file (on the writer thread, after the writes before it)."""
+        if self.writable:
+            self._writer.submit(self._forget_now, span_id, name)
+
+    def _forget_now(self, span_id: int, name: str) -> None:
         if not self.writable:
             return
         try:
@@ -180,20 +217,37 @@ class SpanStore:
             self._stop_writing(diskio.why(err))
 
     def _stop_writing(self, why: str) -> None:
-        warnings.warn(f"span store: {why}; new clips are kept in RAM only from now on (those already on disk "
-                      f"stay readable)", stacklevel=4)
         self.writable = False
+        self._writer.say(f"span store: {why}; new clips are kept in RAM only from now on (those already on disk "
+                         f"stay readable)")
+
+    def _said(self) -> None:
+        """The writer's warnings, given on the caller's thread."""
+        for text in self._writer.told():
+            warnings.warn(text, stacklevel=4)
+
+    def flush(self) -> None:
+        """Wait until every write asked for so far is on disk (or given up, with its warning); an error the writer
+        met (not a full or read-only disk, which it handles) is raised here."""
+        self._writer.flush()
+        self._enforce()  # the caps apply to spans whose files have just been written (a file it drops: one more write)
+        self._writer.flush()
 
     def close(self) -> None:
-        """Release the folder for another process (spans on disk stay readable through this store)."""
-        if self._index is not None:
-            self._index.close()
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
+        """Finish the writes, then release the folder for another process (spans on disk stay readable through
+        this store)."""
+        try:
+            self.flush()
+        finally:
+            if self._index is not None:
+                self._index.close()
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
 
     def _read(self, span_id: int) -> dict | None:
-        name, digest, _ = self.on_disk.get(span_id, (None, None, 0))
+        with self._state:
+            name, digest, _ = self.on_disk.get(span_id, (None, None, 0))
         if name is None:
             self.drop(span_id)
             return None
@@ -245,12 +299,13 @@ class SpanStore:
             if tensors is None:
                 continue
             meta = json.loads(tensors_meta(self.folder / record["file"]).get("meta", "{}"))
-            self.spans[record["id"]] = Span(record["id"], tensors["keys"].shape[2], tensors["summary"], meta,
-                                            bases=tensors.get("bases"))
+            span = Span(record["id"], tensors["keys"].shape[2], tensors["summary"], meta,
+                        bases=tensors.get("bases"), origin=tensors.get("origin"))
+            self.spans[record["id"]] = span
+            self._stack.add(span)
         if not index.clean or adopted:
             self._repair_index(index, adopted)
         self._enforce()
-
     def _adopt(self, span_id: int, name: str) -> dict | None:
         """A whole span file the index does not list (its record was torn or damaged): its record rebuilt
         from the file itself, if the file loads and names the same id."""

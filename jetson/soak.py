@@ -15,8 +15,8 @@ import math
 import sys
 from pathlib import Path
 
+from streaming.budgets import auto_budget_for
 from streaming.errors import ConfigError
-from streaming.memory import auto_budget_for
 from streaming.questions import QuestionError, parse_time
 from streaming.records import record, write
 from streaming.soak import EveryKRounds, describe, run_soak, verdict

@@ -8,8 +8,8 @@ from . import ADAPTERS
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["list"]:
-        for name, (_, about) in ADAPTERS.items():
-            print(f"{name}\t{about}")
+        for name, entry in ADAPTERS.items():
+            print(f"{name}\t{entry.about}")
         return 0
     print("usage: python -m models list", file=sys.stderr)
     return 2

@@ -9,13 +9,13 @@ and prepends to the next turn (see `StreamSession.generate`).
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from inf_mllm.session import StreamSession
-from inf_mllm.spec import PolicySpec, as_spec
+from inf_mllm.spec import PolicySpec
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,22 @@ class AdapterInfo:
     device: str
     context_length: int
     hidden_size: int
+
+
+@dataclass
+class EncodedClip:
+    """A clip as encoding leaves it for the model thread: `visual`, its embeddings in the LLM's input space (or, for
+    an adapter that finishes a clip on the model thread, its features), and `meta`, what encoding learned of it that
+    the clip log and the span store keep (tiny-vlm: `seen`, the words of the labels its turn carries). Known when
+    the clip is encoded, so nothing reads it back from the embeddings."""
+
+    visual: torch.Tensor
+    meta: dict = field(default_factory=dict)
+
+
+def visual_of(clip: "EncodedClip | torch.Tensor") -> torch.Tensor:
+    """The embeddings (or features) of an encoded clip, or the tensor a caller built by hand."""
+    return clip.visual if isinstance(clip, EncodedClip) else clip
 
 
 class VideoAdapter(ABC):
@@ -40,11 +56,11 @@ class VideoAdapter(ABC):
     def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float]) -> torch.Tensor:
         """(T, H, W, 3) uint8 frames → (N, hidden) visual embeddings in the LLM's input space."""
 
-    def encode(self, frames: np.ndarray, timestamps: Sequence[float]) -> torch.Tensor:
+    def encode(self, frames: np.ndarray, timestamps: Sequence[float]) -> EncodedClip:
         """The engine's ingest-thread half: pure (reads no state the model thread writes), so it
         may run ahead of the model. Its output goes to `append_clip`, on the model thread, in video
         order. Stateless adapters encode the whole clip here; stateful ones only extract features."""
-        return self.encode_clip(frames, timestamps)
+        return EncodedClip(self.encode_clip(frames, timestamps))
 
     def fork(self) -> "VideoAdapter":
         """An adapter for one more concurrent stream on the same weights (stateless: itself)."""
@@ -92,11 +108,11 @@ class VideoAdapter(ABC):
     def embed_text(self, text: str) -> torch.Tensor:
         return self.model.get_input_embeddings()(self.text_ids(text))[0]
 
-    def clip_turn(self, visual: torch.Tensor, index: int, start_s: float = 0.0) -> torch.Tensor:
+    def clip_turn(self, visual: EncodedClip | torch.Tensor, index: int, start_s: float = 0.0) -> torch.Tensor:
         """(1, L, hidden) input embeddings: the clip's text with its visual embeddings in place."""
         before, after = self.clip_text(index, start_s)
         dtype = self.model.get_input_embeddings().weight.dtype
-        parts = [self.embed_text(before), visual.to(self.device, dtype), self.embed_text(after)]
+        parts = [self.embed_text(before), visual_of(visual).to(self.device, dtype), self.embed_text(after)]
         return torch.cat(parts)[None]
 
     def question_turn(self, question: str) -> torch.Tensor:
@@ -115,21 +131,23 @@ class VideoAdapter(ABC):
         """`store`: the span store of a policy with recall (a `SpanStore` or a folder; a session folder's);
         `static`, `compile_decode`: how the session keeps K/V and decodes (see StreamSession); none of them a
         policy option."""
-        session = StreamSession(self.model, self.tokenizer, as_spec(policy, **options), budget=budget, store=store,
-                                static=static, compile_decode=compile_decode)
+        session = StreamSession(self.model, self.tokenizer, policy, budget=budget, store=store, static=static,
+                                compile_decode=compile_decode, **options)  # the session reads the policy, once
         session.append(self.system_ids(), store=False)
         return session
 
-    def clip_meta(self, visual: torch.Tensor, index: int, start_s: float, end_s: float | None) -> dict:
-        """What the engine's clip log and the span store keep of a clip: its index and video times, and
-        `seen`, the words its turn holds for what was recognised (adapters whose turns hold such words)."""
-        return {"clip": index, "start": round(start_s, 3), "end": round(end_s if end_s is not None else start_s, 3)}
+    def clip_meta(self, clip: EncodedClip | torch.Tensor, index: int, start_s: float, end_s: float | None) -> dict:
+        """What the engine's clip log and the span store keep of a clip: its index and video times, and what its
+        encoding learned of it (`EncodedClip.meta`: tiny-vlm's `seen`, the words its turn holds)."""
+        meta = {"clip": index, "start": round(start_s, 3), "end": round(end_s if end_s is not None else start_s, 3)}
+        return meta | clip.meta if isinstance(clip, EncodedClip) else meta
 
-    def append_clip(self, session: StreamSession, visual: torch.Tensor, index: int, start_s: float = 0.0,
+    def append_clip(self, session: StreamSession, clip: EncodedClip | torch.Tensor, index: int, start_s: float = 0.0,
                     end_s: float | None = None) -> dict:
         """The model-thread half: put `encode`'s output into the session (here: as a clip turn); with
         recall the turn is stored under its `clip_meta`, which is returned."""
-        meta = self.clip_meta(visual, index, start_s, end_s)
+        meta = self.clip_meta(clip, index, start_s, end_s)
+        visual = visual_of(clip)
         before = self.text_ids(self.clip_text(index, start_s)[0]).shape[-1]  # where the visual tokens sit (VL-Cache)
         session.append(inputs_embeds=self.clip_turn(visual, index, start_s), meta=meta,
                        vision=(before, before + visual.shape[0]))

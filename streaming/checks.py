@@ -18,9 +18,8 @@ from pathlib import Path
 
 from inf_mllm.spec import parse_budget
 
-from .errors import ConfigError, OutputError
+from .errors import EXIT_INTERRUPTED, ConfigError, OutputError
 
-EXIT_BUG, EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED = 1, 2, 141, 130
 MAX_NEW_TOKENS = 4096
 
 

@@ -10,20 +10,14 @@ import importlib.util
 import json
 import sys
 import warnings
-from argparse import Namespace
 
-from tqdm import tqdm
+import models  # the model list only: no torch
+from inf_mllm.spec import PolicySpec, Recall
 
-from inf_mllm.spec import PolicySpec, Recall, parse_budget
-
+from .budgets import open_session
 from .checks import (
-    EXIT_BROKEN_PIPE,
-    EXIT_BUG,
-    STOP_STATUS,
     check_args,
-    check_context,
     check_device,
-    check_output_file,
     checked_stdout,
     detach_stdout,
     one_line,
@@ -32,32 +26,32 @@ from .checks import (
     warning_line,
     write_bug_report,
 )
-from .errors import ConfigError, environment_fault, is_user_error
+from .errors import (
+    EXIT_BAD_INPUT,
+    EXIT_BROKEN_PIPE,
+    EXIT_BUG,
+    ConfigError,
+    UsageError,
+    environment_fault,
+    is_user_error,
+)
 from .intent import notes
-from .memory import auto_budget_for
 from .questions import (
-    SAMPLE_QUESTION,
     Question,
     QuestionError,
     Schedule,
     check_times,
     every,
     parse_ask,
-    parse_time,
     read_file,
 )
 from .session_dir import SessionDir
-from .soak import QUESTION, EveryKRounds, describe, parse_soak, run_soak, verdict
+from .soak import run_soak_cli, soak_plan, soak_schedule
 from .sources import bundled_clip, open_source
 from .stdin import StdinQuestions
 
 DEFAULT_QUESTIONS = ("what is on screen? @4s", "is there a bicycle now? @8s", "what was on screen at the start? @10s",
                      "did you see a person? @10s", "when did the bicycle appear? @10s")
-EXIT_BAD_INPUT, EXIT_SOAK_FAILED, EXIT_INTERRUPTED = 2, 3, 130
-
-
-class UsageError(ConfigError):
-    """A command-line choice that cannot work (unknown model or policy, too small a budget)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--questions", metavar="FILE", help="one question per line, optionally ending in @TIME")
     m = p.add_argument_group("model and cache")
     m.add_argument("--model", nargs="+", default=["tiny-vlm"], metavar="NAME [PATH]",
-                   help="tiny-vlm | chat-univi PATH | flash-vstream PATH (default tiny-vlm)")
+                   help=f"{models.usage()} (default tiny-vlm; PATH_OR_ID for hf: a folder or a name in the local "
+                        "Hugging Face cache)")
     m.add_argument("--policy", default="inf_mllm+recall",
                    help="cache policy (python -m inf_mllm policies; default inf_mllm+recall)")
     m.add_argument("--budget", default="512", help="KV budget: tokens per layer, or memory such as 512MB")
@@ -166,26 +161,15 @@ def compiles_decode(args) -> bool:
 
 
 def load_session(args, spec: PolicySpec, adapter, folder=None):
-    budget = parse_budget(args.budget) if spec.bounded else None
-    if budget == "auto":
-        budget, auto = auto_budget_for(adapter, args.max_new_tokens, args.device)
-        print(f"stream-qa: --budget auto: {budget} tokens per layer ({auto.explain()})", file=sys.stderr)
-    try:
-        extra = {"store": folder.open_store()} if folder is not None else {}
-        if compiles_decode(args):
-            extra["compile_decode"] = True
-            print("stream-qa: decode steps run compiled on fixed shapes where the cache allows; the first answer "
-                  "waits for the compile (--no-compile-decode: eager)", file=sys.stderr)
-        session = adapter.new_session(spec, budget=budget, **extra)
-    except ValueError as err:  # the policy refuses these options (window larger than the budget, …)
-        raise ConfigError(f"--policy {spec.policy_name}: {one_line(err)}") from err
-    budgets = session.cache.budgets
-    if budgets:
-        need = adapter.turn_tokens() + adapter.question_tokens(SAMPLE_QUESTION)
-        if min(budgets) < need:
-            raise UsageError(f"budget of {min(budgets)} tokens per layer cannot hold one clip turn and a question "
-                             f"({need} tokens): raise --budget")
-        check_context(max(budgets), need + args.max_new_tokens, adapter.describe().context_length)
+    extra = {"store": folder.open_store()} if folder is not None else {}
+    if compiles_decode(args):
+        extra["compile_decode"] = True
+        print("stream-qa: decode steps run compiled on fixed shapes where the cache allows; the first answer "
+              "waits for the compile (--no-compile-decode: eager)", file=sys.stderr)
+    session, auto = open_session(adapter, spec, args.budget, args.max_new_tokens, args.device, **extra)
+    if auto is not None:
+        print(f"stream-qa: --budget auto: {min(session.cache.budgets)} tokens per layer ({auto.explain()})",
+              file=sys.stderr)
     return session
 
 
@@ -237,7 +221,7 @@ def _run(args, out) -> int:
     soak = soak_plan(args)
     loops = 10**9 if soak else args.loop  # a soak loops a file until its rounds or time are up
     source = open_source(video, args.webcam, args.url, fps=args.fps, realtime=not args.fast, loops=loops)
-    duration = getattr(source, "duration", None)
+    duration = source.duration
     if soak:
         qs, use_stdin = [], False
     else:
@@ -247,7 +231,7 @@ def _run(args, out) -> int:
     spec = policy_spec(args, folder)
     args.policy = spec.name  # what a session folder records (+recall included)
     # torch and transformers load here, once everything the user gave is known to be good
-    from models import ADAPTERS, load_adapter  # lazy: torch and transformers load only once input is good
+    from models import ADAPTERS, load_adapter
 
     from .engine import TurnEngine  # lazy: imports torch
 
@@ -272,7 +256,7 @@ def _run(args, out) -> int:
     else:
         schedule = StdinQuestions(Schedule(qs)) if use_stdin else Schedule(qs)
     engine = TurnEngine(adapter, session, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
-                        drop_when_full=getattr(source, "live", False))  # a camera or a paced file cannot wait
+                        drop_when_full=source.live)  # a camera or a paced file cannot wait
     engine.resume_at, engine.video_t = resume_at, resume_at[1]
 
     def on_clip(clip):
@@ -307,53 +291,6 @@ def _run(args, out) -> int:
         if folder is not None:
             folder.close(session.store)
     return 0
-
-
-def soak_plan(args) -> tuple[int | None, float | None] | None:
-    """--soak: (rounds, seconds), checked before torch loads; None without --soak."""
-    if args.soak is None:
-        return None
-    if args.ask or args.questions:
-        raise UsageError("--soak asks --question every --every of video; --ask and --questions do not apply")
-    if not (args.soak_sample >= 0 and args.soak_sample < float("inf")):
-        raise UsageError(f"--soak-sample must be a number of seconds ≥ 0, got {args.soak_sample}")
-    check_output_file("--soak-log", args.soak_log)
-    return parse_soak(args.soak)
-
-
-def soak_schedule(args):
-    """A question every --every of video (default every 10 clips), generated as the video runs."""
-    step = parse_time(args.every) if args.every else 10 * args.clip_seconds
-    if not step > 0:
-        raise UsageError(f"--every must be a positive time, got {args.every!r}")
-    return EveryKRounds(max(1, round(step / args.clip_seconds)), args.clip_seconds, args.question or QUESTION)
-
-
-def run_soak_cli(args, soak, engine, session, source, schedule, on_answer, on_token, out) -> int:
-    """The soak under `stream-qa`: answers as usual on stdout, a progress bar on stderr, samples in
-    --soak-log, then the verdict (text, or one JSON object with --json)."""
-    rounds, seconds = soak
-    bar = tqdm(total=rounds, unit="round", desc="soak", file=sys.stderr, disable=None,
-               postfix={"kv": session.kv_tokens})
-    print(f"stream-qa: soak of {rounds or f'{seconds:.0f} s'}{' rounds' if rounds else ''}; memory samples in "
-          f"{args.soak_log}", file=sys.stderr)
-
-    def on_clip(clip):
-        bar.update(clip.index - bar.n)
-        bar.set_postfix(kv=session.kv_tokens, refresh=False)
-
-    with open(args.soak_log, "w") as log:
-        run = run_soak(engine, session, source, schedule, log, rounds=rounds, duration_s=seconds,
-                       sample_s=args.soak_sample, device=args.device, label=args.policy, on_answer=on_answer,
-                       on_token=on_token, on_clip=on_clip)
-    bar.close()
-    v = verdict(run, Namespace(warmup=0.2, max_new_tokens=args.max_new_tokens))
-    out.write(json.dumps({"soak_verdict": v}) + "\n" if args.json else describe(v) + "\n")
-    out.flush()
-    if run["stopped"] == "interrupted":
-        print("stream-qa: soak stopped; the verdict covers the rounds run", file=sys.stderr)
-        return STOP_STATUS.get(run["stop_signal"], EXIT_INTERRUPTED)
-    return 0 if v["passed"] else EXIT_SOAK_FAILED
 
 
 if __name__ == "__main__":

@@ -26,10 +26,13 @@ import numpy as np
 import psutil
 import torch
 
+from models.base import EncodedClip
+
+from . import budgets
 from .clips import clip_end, grouped
 from .errors import is_user_error
 from .intent import Intent, Resolution, log_answer, read, resolve
-from .questions import SAMPLE_QUESTION, Question, Schedule
+from .questions import Question, Schedule
 
 
 @dataclass
@@ -37,7 +40,7 @@ class Clip:
     index: int  # 1-based, as the model hears it ("Clip 3")
     start: float
     end: float
-    visual: torch.Tensor  # (N, hidden) embeddings from the adapter
+    encoded: EncodedClip  # the adapter's `encode`: (N, hidden) embeddings (or features) and what it learned
     encode_s: float
 
 
@@ -104,7 +107,7 @@ class TurnEngine:
         # the longest turn and answer it runs are known here: the cache's buffers grow to them and the budget now
         # and keep that shape (one compile of a compiled decode step); +1: the held-back last answer token goes
         # in front of the next turn
-        session.cache.reserve(adapter.turn_tokens() + 1 + max_new_tokens)
+        session.cache.reserve(budgets.headroom(adapter, max_new_tokens))
         self.clips: queue.Queue = queue.Queue(maxsize=queue_size)
         self.drop_when_full = drop_when_full
         self.stop = threading.Event()
@@ -115,7 +118,7 @@ class TurnEngine:
         self.oracle: Callable[[Question], Callable[[dict], bool]] | None = None  # benchmarks: a recall's right answer
         self.warn: Callable[[str], None] = _stderr_warning  # one line per fault; a caller may route it elsewhere
         self._failed_in_a_row = self._oom_attempts = 0
-        self._min_budget: int | None = None
+        self._floor: int | None = None
         self.log: list[dict] = []  # metas of the clips this run appended (`clip_log`)
 
     # --- ingest thread --------------------------------------------------------------------------
@@ -152,7 +155,7 @@ class TurnEngine:
     @staticmethod
     def _clock(source) -> float:
         """Seconds of ingest work so far: wall time less what a paced source spent waiting for the video."""
-        return time.perf_counter() - getattr(source, "waited_s", 0.0)
+        return time.perf_counter() - source.waited_s
 
     def _emit(self, index: int, frames, times, t0: float, source) -> None:
         with torch.inference_mode():
@@ -234,7 +237,7 @@ class TurnEngine:
     def _append_clip(self, clip: Clip) -> bool:
         while True:
             try:
-                meta = self.adapter.append_clip(self.session, clip.visual, clip.index, clip.start, clip.end)
+                meta = self.adapter.append_clip(self.session, clip.encoded, clip.index, clip.start, clip.end)
                 self.log.append(meta or {"clip": clip.index, "start": clip.start, "end": clip.end})
                 self._failed_in_a_row = self._oom_attempts = 0
                 return True
@@ -278,10 +281,9 @@ class TurnEngine:
 
     def min_budget(self) -> int:
         """The smallest budget that still holds one clip turn and a question, and that the policy accepts."""
-        if self._min_budget is None:
-            turn_and_question = self.adapter.turn_tokens() + self.adapter.question_tokens(SAMPLE_QUESTION)
-            self._min_budget = max(turn_and_question, self.session.cache.policy.min_budget() + 1)
-        return self._min_budget
+        if self._floor is None:
+            self._floor = budgets.floor(self.adapter, self.session.cache.policy)
+        return self._floor
 
     def _ask(self, question: Question, extra: dict):
         """The question's prefill, retried with a tighter budget after an out-of-memory error."""

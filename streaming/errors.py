@@ -11,6 +11,12 @@ import errno
 import os
 import sys
 
+# stream-qa's exit codes, the one list (its README section names them): 0 done, 1 a bug (traceback in a log
+# file), 2 bad input or a fault of this machine, 3 a soak that failed its verdict, 130 Ctrl-C, 141 a closed pipe,
+# 128 + n a stopping signal n (checks.STOP_STATUS)
+EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_SOAK_FAILED = 0, 1, 2, 3
+EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
+
 
 class UserError(ValueError):
     """Bad input or set-up; the message is one line for the user and names what to change."""
@@ -18,6 +24,10 @@ class UserError(ValueError):
 
 class ConfigError(UserError):
     """A configuration value that cannot work (budget, fps, clip length, policy options, device)."""
+
+
+class UsageError(ConfigError):
+    """A command-line choice that cannot work (unknown model or policy, options that do not go together)."""
 
 
 class OutputError(UserError):

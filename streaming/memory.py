@@ -20,10 +20,6 @@ from dataclasses import asdict, dataclass, field
 
 import psutil
 
-from inf_mllm.budget import KVShape
-
-from .errors import ConfigError
-
 MB = 2**20
 GIB = 2**30
 
@@ -172,25 +168,6 @@ def budget_tokens(auto: AutoBudget, bytes_per_token: int, context_length: int, h
     """Tokens per layer for an auto budget: its bytes over the cache's bytes per token (all layers),
     capped so budget + one turn + one answer (`headroom`) stays inside the model's trained context."""
     return max(0, min(auto.bytes // max(bytes_per_token, 1), context_length - headroom))
-
-
-def auto_budget_for(adapter, max_new_tokens: int = 16, device: str | None = None,
-                    sample: MemorySample | None = None) -> tuple[int, AutoBudget]:
-    """`--budget auto` for a loaded adapter: (tokens per layer, the byte budget behind them).
-
-    The app and `stream-qa` share this; call it once the model is loaded so its weights are not
-    counted as free."""
-    model = adapter.model
-    shape = KVShape.from_config(model.config, model.dtype.itemsize)
-    info = adapter.describe()
-    turn = adapter.turn_tokens()
-    auto = auto_budget(sample, device if device is not None else str(adapter.device))
-    per_token = shape.bytes_per_token_layer * shape.num_layers
-    tokens = budget_tokens(auto, per_token, info.context_length, turn + 64 + max_new_tokens)
-    if tokens < turn + 64:
-        raise ConfigError(f"--budget auto: {auto.free_bytes / MB:.0f} MB free on {auto.kind} leaves no room for a KV "
-                          f"cache after the {auto.reserve_bytes / MB:.0f} MB reserve; free memory or give --budget")
-    return tokens, auto
 
 
 # glibc's own, adaptive mmap threshold is left as it is. A fixed one of 256 KiB (set by stream-qa and the

@@ -5,13 +5,23 @@ It lives in `streaming`, not in `benchmarks`, because product commands write the
 (`python -m jetson soak` and `ompspin`) and no product package may import `benchmarks`; the
 benchmark harness (`benchmarks/common.py`) re-exports it. Records are {"benchmark", "policy",
 "budget", "metric", "value", "x"}; `x` is the streamed position, token distance bucket, round or a
-label. matplotlib loads only when a plot is drawn.
+label. A file holds {"machine": where it ran, "records": [...]} (`machine()`: device, CPU and its flags, GPU,
+versions, commit, date), so a figure always says where it came from; `read` also takes the plain lists written
+before that header. matplotlib loads only when a plot is drawn.
 """
 
+import datetime
+import importlib.metadata
 import json
 import math
+import os
+import platform
+import subprocess
+import sys
 from collections import defaultdict
 from pathlib import Path
+
+FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "fma", "neon", "asimd")  # what changes CPU speed
 
 METRICS = ("ppl", "accuracy", "decode_ms_per_token", "ttft_s", "evict_share", "kv_tokens", "kv_mb", "rss_mb",
            "tokens_per_s", "oom_round", "ingest_speed", "rss_slope_mb_per_round", "recall_at_k", "store_mb_per_hour",
@@ -26,15 +36,67 @@ def record(benchmark, policy, budget, metric, value, x):
             "value": float(value), "x": x}
 
 
+def machine(tree: str | Path | None = None) -> dict:
+    """Where a measurement runs: device (cuda when torch is loaded and sees a GPU, else cpu), the CPU's model,
+    cores and the flags that change its speed, the GPU's name, Python, torch and transformers versions, the
+    commit of the checkout `tree` (default: this one; "+dirty" with uncommitted changes) and the date."""
+    cpu, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and cpu in ("", platform.machine(), platform.processor()):
+                cpu = value.strip()
+            elif key.strip() in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    gpu = None
+    torch = sys.modules.get("torch")  # never loaded for this: a command without torch says cpu
+    if torch is not None and torch.cuda.is_available():
+        gpu = torch.cuda.get_device_name()
+    return {"device": "cuda" if gpu else "cpu", "cpu": cpu, "cores": os.cpu_count(),
+            "cpu_flags": sorted(flags & set(FLAGS)), "gpu": gpu, "python": platform.python_version(),
+            "torch": _version("torch"), "transformers": _version("transformers"), "commit": commit(tree),
+            "date": datetime.date.today().isoformat()}
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def commit(tree: str | Path | None = None) -> str | None:
+    """The checkout's commit (short), with "+dirty" when tracked files differ from it; None outside git."""
+    where = str(tree or Path(__file__).resolve().parent.parent)
+    try:
+        head = subprocess.run(["git", "-C", where, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(["git", "-C", where, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def read(path) -> list[dict]:
+    """The records of a results file (with its machine header, or a plain list from before it)."""
+    data = json.loads(Path(path).read_text())
+    return data["records"] if isinstance(data, dict) else data
+
+
 def write(out_dir, name: str, records: list[dict], plot_metrics: list[str], log_x: bool = False,
           x_label: str = "streamed tokens") -> Path:
-    """`name`.json in `out_dir` (written to a temporary file first, so an interrupted write leaves the
-    previous one), and with `plot_metrics`, `name`.png."""
+    """`name`.json in `out_dir`, headed by where it ran (`machine()`; written to a temporary file first, so an
+    interrupted write leaves the previous one), and with `plot_metrics`, `name`.png."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(records, indent=1))
+    tmp.write_text(json.dumps({"machine": machine(), "records": records}, indent=1))
     tmp.replace(path)
     if plot_metrics:
         plot(out / f"{name}.png", name, records, plot_metrics, log_x, x_label)

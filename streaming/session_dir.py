@@ -41,6 +41,7 @@ def _warn(text: str) -> None:
 class SessionDir:
     def __init__(self, path: str | Path, resume: bool, warn: Callable[[str], None] = _warn):
         self.path, self.resume, self.warn = Path(path), resume, warn
+        self.store = None  # the span store, once opened (`open_store`)
         option = "--resume" if resume else "--session"
         settings = self.path / SETTINGS
         if resume and not settings.exists():
@@ -82,11 +83,13 @@ class SessionDir:
         from inf_mllm.store import SpanStore  # lazy: the store brings torch; the folder opens before it loads
 
         if not self.path.exists():
-            return SpanStore()
+            self.store = SpanStore()
+            return self.store
         with warnings.catch_warnings():
             if not self.saving["transcript"]:  # said once already, when the folder was opened
                 warnings.filterwarnings("ignore", message="span store: .*(cannot be written|cannot create)")
-            return SpanStore(self.store_path)
+            self.store = SpanStore(self.store_path)
+        return self.store
 
     def settings(self) -> dict:
         try:
@@ -173,7 +176,10 @@ class SessionDir:
                 self._stop("transcript", err)
 
     def write_answer(self, row: dict) -> None:
-        """One JSON line, on disk before the answer is printed; a disk fault stops the saving, not the answers."""
+        """One JSON line, on disk before the answer is printed; a disk fault stops the saving, not the answers. The
+        clips stored before the answer are on disk first (the store writes on a thread of its own)."""
+        if self.store is not None:
+            self.store.flush()
         if not self.saving["transcript"]:
             return
         try:

@@ -9,12 +9,16 @@ against the budget, swap, out-of-memory events, and answers produced against exp
 
 import json
 import math
+import sys
 import time
+from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
-from .errors import ConfigError
+from .checks import STOP_STATUS, check_output_file
+from .errors import EXIT_INTERRUPTED, EXIT_SOAK_FAILED, ConfigError, UsageError
 from .memory import MB, probe
 from .questions import SAMPLE_QUESTION, Question, QuestionError, parse_time
 
@@ -220,3 +224,53 @@ def describe(v: dict) -> str:
             lines.append(f"  note: the slope's interval is wider than the goal ({GOAL_SLOPE_MB_PER_ROUND} MB/round): "
                          f"{v['rounds']} rounds are too few to tell a slow leak from noise; run more rounds")
     return "\n".join(lines)
+
+
+# --- under stream-qa (`--soak`) ----------------------------------------------------------------------
+
+
+def soak_plan(args) -> tuple[int | None, float | None] | None:
+    """--soak: (rounds, seconds), checked before torch loads; None without --soak."""
+    if args.soak is None:
+        return None
+    if args.ask or args.questions:
+        raise UsageError("--soak asks --question every --every of video; --ask and --questions do not apply")
+    if not (args.soak_sample >= 0 and args.soak_sample < float("inf")):
+        raise UsageError(f"--soak-sample must be a number of seconds ≥ 0, got {args.soak_sample}")
+    check_output_file("--soak-log", args.soak_log)
+    return parse_soak(args.soak)
+
+
+def soak_schedule(args):
+    """A question every --every of video (default every 10 clips), generated as the video runs."""
+    step = parse_time(args.every) if args.every else 10 * args.clip_seconds
+    if not step > 0:
+        raise UsageError(f"--every must be a positive time, got {args.every!r}")
+    return EveryKRounds(max(1, round(step / args.clip_seconds)), args.clip_seconds, args.question or QUESTION)
+
+
+def run_soak_cli(args, soak, engine, session, source, schedule, on_answer, on_token, out) -> int:
+    """The soak under `stream-qa`: answers as usual on stdout, a progress bar on stderr, samples in
+    --soak-log, then the verdict (text, or one JSON object with --json)."""
+    rounds, seconds = soak
+    bar = tqdm(total=rounds, unit="round", desc="soak", file=sys.stderr, disable=None,
+               postfix={"kv": session.kv_tokens})
+    print(f"stream-qa: soak of {rounds or f'{seconds:.0f} s'}{' rounds' if rounds else ''}; memory samples in "
+          f"{args.soak_log}", file=sys.stderr)
+
+    def on_clip(clip):
+        bar.update(clip.index - bar.n)
+        bar.set_postfix(kv=session.kv_tokens, refresh=False)
+
+    with open(args.soak_log, "w") as log:
+        run = run_soak(engine, session, source, schedule, log, rounds=rounds, duration_s=seconds,
+                       sample_s=args.soak_sample, device=args.device, label=args.policy, on_answer=on_answer,
+                       on_token=on_token, on_clip=on_clip)
+    bar.close()
+    v = verdict(run, Namespace(warmup=0.2, max_new_tokens=args.max_new_tokens))
+    out.write(json.dumps({"soak_verdict": v}) + "\n" if args.json else describe(v) + "\n")
+    out.flush()
+    if run["stopped"] == "interrupted":
+        print("stream-qa: soak stopped; the verdict covers the rounds run", file=sys.stderr)
+        return STOP_STATUS.get(run["stop_signal"], EXIT_INTERRUPTED)
+    return 0 if v["passed"] else EXIT_SOAK_FAILED

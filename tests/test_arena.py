@@ -11,6 +11,7 @@ from benchmarks.arena import Scale, arena
 from benchmarks.arena_scores import QUALITY, best_at, fractions
 from benchmarks.common import fraction_of_full, record
 from benchmarks.report import arena_section, write_readme
+from streaming.records import read
 
 
 def test_fractions_read_each_policy_against_the_full_cache_on_the_same_questions():
@@ -72,7 +73,7 @@ def test_an_interrupted_run_keeps_what_it_finished_and_resumes_from_there(tmp_pa
     fake.interrupt_at = "streaming_llm"
     with pytest.raises(KeyboardInterrupt):
         arena(tmp_path, scale, **kwargs)
-    kept = json.loads((tmp_path / "arena.json").read_text())
+    kept = read(tmp_path / "arena.json")
     assert {(r["policy"], r["metric"]) for r in kept} == {("full", "ppl"), ("full", "round_ms"), ("window", "ppl"),
                                                           ("window", "round_ms"), ("window", "of_full")}
     assert [c[:2] for c in calls] == [("full", None), ("window", 64), ("streaming_llm", 64)]

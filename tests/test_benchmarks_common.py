@@ -65,18 +65,18 @@ def test_fraction_of_full():
     assert math.isnan(fraction_of_full(0.3, 0.0))
 
 
-class _Cache:
+class _Timing:
     def __init__(self, pops):
         self.pops = list(pops)
 
-    def pop_score_time(self):
+    def pop(self):
         return self.pops.pop(0)
 
 
 def test_round_timer_takes_the_probe_out():
     clock = iter([10.0, 10.5, 11.0, 11.0])
     # pops: before the round (discarded), after the turn (score 0.05 s, probe 0.1 s), after decoding (probe 0.2 s)
-    session = SimpleNamespace(cache=_Cache([(9.0, 9.0), (0.05, 0.1), (0.0, 0.2)]),
+    session = SimpleNamespace(cache=SimpleNamespace(timing=_Timing([(9.0, 9.0), (0.05, 0.1), (0.0, 0.2)])),
                               last=SimpleNamespace(evict_s=0.02))
     timer = RoundTimer(session, clock=lambda: next(clock))  # t0 = 10.0
     assert timer.turn() == pytest.approx(0.4)  # at 10.5, less the 0.1 s probe

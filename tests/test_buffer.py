@@ -74,15 +74,15 @@ def test_what_layers_keep_per_token_grows_in_its_buffer_and_equals_the_dynamic_l
         static.append(ids[:, start:start + 100])
         answer = static.generate(8, eos_token_id=[])
         got = [int(next(answer)[0]), int(next(answer)[0])]  # two steps: the statistic has grown into its buffer
-        kept = layer.seen[key] if key else layer.turn_ids
+        kept = layer.stats[key] if key else layer.turn_ids
         for token in answer:
             got.append(int(token[0]))
-            grown = layer.seen[key] if key else layer.turn_ids
+            grown = layer.stats[key] if key else layer.turn_ids
             assert grown.data_ptr() == kept.data_ptr() and grown.shape[2] == layer.keys.shape[2]
         assert got == want
         for mine, theirs in zip(static.cache.layers, dynamic.cache.layers, strict=True):
             if key:
-                assert torch.allclose(mine.seen[key], theirs.seen[key], atol=1e-4)
+                assert torch.allclose(mine.stats[key], theirs.stats[key], atol=1e-4)
             else:
                 assert torch.equal(mine.turn_ids, theirs.turn_ids)
 

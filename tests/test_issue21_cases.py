@@ -36,7 +36,7 @@ def test_budget_auto_in_capitals_is_auto():
 
     args = build_parser().parse_args([str(bundled_clip()), "--budget", "AUTO"])
     check_args(args)  # passes here, and load_session reads it the same way: it cannot fail after loading
-    assert parse_budget(args.budget) == "auto"
+    assert parse_budget(args.budget).auto
 
 
 def test_a_soak_log_in_a_missing_folder_is_refused_before_the_model_loads(tmp_path, capsys):
@@ -109,7 +109,7 @@ def served(tmp_path):
 
 
 def test_a_url_serving_a_file_follows_the_videos_own_clock(served):
-    import time
+    from clocks import SteppedClock
 
     from streaming.sources import CaptureSource
 
@@ -118,9 +118,11 @@ def test_a_url_serving_a_file_follows_the_videos_own_clock(served):
     assert [round(f.t, 2) for f in fast] == [float(s) for s in range(10)]  # video time, not download time
     paced = CaptureSource(served, fps=1.0)
     assert paced.live  # paced to real time: a clip the model has no room for is dropped, as for a paced file
-    start = time.monotonic()
-    times = [f.t for _, f in zip(range(3), paced, strict=False)]
-    assert times == pytest.approx([0.0, 1.0, 2.0]) and time.monotonic() - start >= 1.9
+    clock = SteppedClock()  # the source's clock, moved only by its own waiting
+    paced.clock, paced.sleep = clock, clock.sleep
+    handed = [(f.t, clock.now) for _, f in zip(range(3), paced, strict=False)]
+    assert [t for t, _ in handed] == pytest.approx([0.0, 1.0, 2.0])
+    assert [now for _, now in handed] == pytest.approx([0.0, 1.0, 2.0])  # each handed over when its time came
 
 
 def test_a_pipe_is_read_as_the_video_it_carries(tmp_path):

@@ -76,7 +76,7 @@ def test_a_paused_answer_leaves_the_cache_in_the_prompt_phase(smol):
     answer = session.generate(3, eos_token_id=[])
     next(answer)
     next(answer)  # one decode forward ran; the answer is paused
-    assert session.cache.phase == "prompt"
+    assert not session.cache.current.decoding
     session.append(torch.randint(100, 20000, (1, 5)))  # a turn, not a decode step
     assert session.cache.layers[0].prompt_len == 6  # the held-back answer token and the 5 new ones
 

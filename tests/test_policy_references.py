@@ -1,4 +1,5 @@
-"""Independent NumPy references for SnapKV, H2O and Elastic Cache, written from their papers.
+"""Independent NumPy references for Inf-MLLM, our variant of it, StreamingLLM, SnapKV, H2O and Elastic Cache,
+written from their papers (our variant: from its description).
 
 Each reference is transcribed from the method's own description (equations, algorithm), not from
 inf_mllm/policies/ or inf_mllm/cache.py, and compared with our implementation on random attention:
@@ -74,12 +75,8 @@ class Fed:
         self.cache = StreamingCache(policy, [budget] * layers, torch.tensor(inv_freq, dtype=torch.float32), layers)
 
     def forward(self, i, q, k, v, decoding=False):
-        layer = self.cache.layers[i]
-        if decoding:
-            with self.cache.decode_step():
-                self._forward(layer, q, k, v)
-        else:
-            self._forward(layer, q, k, v)
+        with self.cache.forward(k.shape[1], decoding=decoding):  # the seam a session opens around each forward
+            self._forward(self.cache.layers[i], q, k, v)
 
     @staticmethod
     def _forward(layer, q, k, v):
@@ -169,7 +166,7 @@ def test_snapkv_select_matches_the_paper(case):
     l_obs = min(window, prompt_len)  # what the window observer scores
     w_obs = prompt_attention(np.random.default_rng(seed), n, l_obs, hq, hkv)
     view = LayerView(n=n, prompt_len=prompt_len, num_kv_heads=hkv,
-                     window_scores=torch.tensor(w_obs.mean(axis=1), dtype=torch.float32)[None])
+                     stats={"window": torch.tensor(w_obs.mean(axis=1), dtype=torch.float32)[None]})
     policy = make_policy("snapkv", window=window, pool=kernel, pool_mode=pooling)
     got = policy.select(view, budget)
     want, pooled = snapkv_reference(w_obs, budget, hkv, kernel, pooling, return_scores=True)
@@ -227,6 +224,90 @@ def test_snapkv_turns_through_the_cache(hq, hkv, seed):
             for i in range(layers):
                 np.testing.assert_array_equal(fed.ids(i), held[i])
     assert held[0].shape == (hkv, budget + 3)
+
+
+# --- Inf-MLLM, our variant of it, StreamingLLM and the window ----------------------------------------------
+
+
+def inf_mllm_reference(w_obs, budget, bias):
+    """Inf-MLLM (Ning et al. 2024), Algorithm 1. w_obs (Hq, l, n): the attention of the prompt's last l queries (its
+    retrieval window) over the n cached tokens. S_j = the mean over the window's queries and every head of the
+    attention paid to candidate j (the n - l older tokens); D_j = -(c - 1 - j) b / c, the recency bias over the c
+    candidates; the layer keeps the top r = budget - l of S + D and the l window tokens: one set for all heads."""
+    hq, l, n = w_obs.shape
+    c = n - l
+    s = w_obs[:, :, :c].mean(axis=(0, 1)) - np.arange(c - 1, -1, -1) * bias / c
+    top = np.argsort(-s, kind="stable")[:budget - l]
+    return np.sort(np.concatenate([top, np.arange(c, n)]))
+
+
+def inf_mllm_plus_reference(w_obs, budget, num_kv_heads, bias, sinks, pool, return_scores=False):
+    """Our variant of Inf-MLLM, from its description (inf_mllm_plus's docstring and ARCHITECTURE.md): each KV head
+    keeps its own set, scored by the mean window attention of its query group; the scores max-pooled over `pool`
+    neighbours (stride 1, the window centred, nothing past the ends); a relative bias, the oldest candidate losing
+    `bias` times the mean pooled score (D_j = -(c - 1 - j) b / c of it); the first `sinks` tokens always kept; then
+    the top budget - l and the l window tokens. Returns (Hkv, budget), ascending (and the adjusted scores)."""
+    hq, l, n = w_obs.shape
+    c = n - l
+    s = group_mean(w_obs[:, :, :c].mean(axis=1), num_kv_heads)  # (Hkv, c)
+    half = pool // 2
+    pooled = np.stack([s[:, max(0, j - half):j + half + 1].max(axis=1) for j in range(c)], axis=1)
+    adjusted = pooled - np.arange(c - 1, -1, -1) * bias / c * pooled.mean(axis=1, keepdims=True)
+    adjusted[:, :min(sinks, c)] = np.inf
+    top = np.argsort(-adjusted, axis=1, kind="stable")[:, :budget - l]
+    window = np.broadcast_to(np.arange(c, n), (num_kv_heads, l))
+    kept = np.sort(np.concatenate([top, window], axis=1), axis=1)
+    return (kept, adjusted) if return_scores else kept
+
+
+# the shapes and options of every case the kept-index golden file held (recorded from the code itself, retired
+# for these references): (policy, options, n, prompt_len, budget, Hq, Hkv)
+WINDOWED_CASES = [
+    ("inf_mllm", {"window": 8, "bias": 0.01}, 60, 20, 24, 4, 2),
+    ("inf_mllm", {"window": 32, "bias": 0.1}, 400, 64, 128, 9, 3),
+    ("inf_mllm", {"window": 64, "bias": 0.0}, 500, 20, 100, 6, 2),
+    ("inf_mllm", {"window": 16, "bias": 0.05}, 300, 300, 96, 8, 1),
+    ("inf_mllm_plus", {"window": 8}, 60, 20, 24, 4, 2),
+    ("inf_mllm_plus", {"window": 32, "bias": 0.5, "pool": 5}, 400, 64, 128, 9, 3),
+    ("inf_mllm_plus", {"window": 16, "sinks": 2, "pool": 1}, 300, 10, 64, 6, 6),
+    ("inf_mllm_plus", {"window": 64}, 120, 100, 80, 4, 2),
+]
+
+
+@pytest.mark.parametrize("i", range(len(WINDOWED_CASES)), ids=lambda i: "-".join(map(str, WINDOWED_CASES[i][::2])))
+def test_inf_mllm_and_our_variant_select_as_described(i):
+    name, options, n, prompt_len, budget, hq, hkv = WINDOWED_CASES[i]
+    policy = make_policy(name, **options)
+    l_obs = min(policy.window, prompt_len)  # what the window observer scores, and what is always kept
+    w_obs = prompt_attention(np.random.default_rng(100 + i), n, l_obs, hq, hkv)
+    view = LayerView(n=n, prompt_len=prompt_len, num_kv_heads=hkv,
+                     stats={"window": torch.tensor(w_obs.mean(axis=1), dtype=torch.float32)[None]})
+    got = policy.select(view, budget)
+    if name == "inf_mllm":
+        assert got.shape == (1, budget)
+        np.testing.assert_array_equal(got[0].numpy(), inf_mllm_reference(w_obs, budget, policy.bias))
+        return
+    want, scores = inf_mllm_plus_reference(w_obs, budget, hkv, policy.bias, policy.sinks, policy.pool, True)
+    assert got.shape == (1, hkv, budget)
+    k = budget - l_obs
+    for h in range(hkv):  # max pooling ties neighbours: any of them may take the last places
+        chosen = got[0, h].numpy()
+        assert np.array_equal(chosen[k:], want[h, k:])  # the window
+        kth = np.sort(scores[h])[::-1][k - 1]
+        assert set(np.flatnonzero(scores[h] > kth)) <= set(chosen[:k]), (h, chosen, want[h])
+        assert np.allclose(scores[h][chosen[:k]][scores[h][chosen[:k]] < kth], kth, rtol=1e-5), (h, chosen, want[h])
+    if policy.pool == 1:  # no pooling, no ties: one right answer
+        np.testing.assert_array_equal(got[0].numpy(), want)
+
+
+@pytest.mark.parametrize("n,budget,sinks", [(50, 20, 4), (300, 128, 1), (300, 128, 0), (64, 64, 4)])
+def test_streaming_llm_and_the_window_keep_sinks_and_the_newest(n, budget, sinks):
+    """StreamingLLM (Xiao et al. 2023): the first `sinks` tokens and the budget - sinks most recent; the window:
+    the `budget` most recent."""
+    view = LayerView(n=n, prompt_len=10, num_kv_heads=2)
+    want = np.concatenate([np.arange(sinks), np.arange(n - (budget - sinks), n)])
+    np.testing.assert_array_equal(make_policy("streaming_llm", sinks=sinks).select(view, budget)[0].numpy(), want)
+    np.testing.assert_array_equal(make_policy("window").select(view, budget)[0].numpy(), np.arange(n - budget, n))
 
 
 # --- H2O ----------------------------------------------------------------------------------------------------
@@ -302,7 +383,7 @@ def test_h2o_select_matches_the_paper(case):
     ref.forward(q, k)
     a = causal_softmax(q, k)  # the prompt's full attention, as the accumulated observer sums it
     acc = torch.tensor(a.sum(axis=1).reshape(hkv, hq // hkv, n).sum(axis=1), dtype=torch.float32)[None]
-    view = LayerView(n=n, prompt_len=n, num_kv_heads=hkv, acc_scores=acc)
+    view = LayerView(n=n, prompt_len=n, num_kv_heads=hkv, stats={"acc": acc})
     got = make_policy("h2o", recent_ratio=ratio).select(view, budget)
     np.testing.assert_array_equal(got[0].numpy(), ref.kept())
 

@@ -1,12 +1,13 @@
 """`python -m benchmarks prefill --old-tree DIR`: another checkout's prefill of the same clip turn, timed in its own
 process among today's paths (benchmarks/prefill.py, prefill_worker.py)."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from streaming.records import read
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +26,7 @@ def test_the_old_tree_prefills_the_same_turn_in_its_own_process(tmp_path):
     out = subprocess.run([sys.executable, "-m", "benchmarks", "prefill", "--quick", "--old-tree", str(ROOT),
                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
-    records = {r["policy"]: r for r in json.loads((tmp_path / "prefill.json").read_text())}
+    records = {r["policy"]: r for r in read(tmp_path / "prefill.json")}
     old = [name for name in records if name.startswith("before issue 23 (") and name.endswith("its own process")]
     assert len(old) == 1 and records[old[0]]["value"] > 0
     # the same code on both sides: a harness that fed the other process another turn or cache size, or timed

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from clocks import SteppedClock
 
 from inf_mllm import StreamSession, store_index
 from inf_mllm import recall as recall_
@@ -147,6 +148,7 @@ def test_store_caps_drop_least_recently_used(smol, tmp_path):
     store = SpanStore(tmp_path, ram_bytes=2 * one + 1, disk_bytes=3 * one)
     for span in list(session.store.spans.values()):
         store.add(span.__class__(span.id, span.length, span.summary, span.meta, span.keys, span.values))
+    store.flush()  # the writes are the store's thread's: the caps apply once they land
     assert store.ram_bytes <= 2 * one + 1 and store.disk_bytes <= 3 * 1.1 * one
     assert store.kv(0) is None and store.kv(3) is not None  # the oldest is gone from both tiers
 
@@ -164,6 +166,7 @@ with warnings.catch_warnings(record=True) as caught:
     for i in range(4):
         kv = torch.randn(2, 3, 400, 64)
         store.add(Span(i, 400, torch.randn(1, 3, 5, 64).half(), {{"i": i}}, kv, kv.clone()))
+    store.flush()  # the disk's answer, on this thread
 print(len(caught), len(store), not store.writable, store.kv(3) is not None, str(caught[0].message))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
@@ -186,13 +189,15 @@ def test_a_stopped_answer_leaves_its_last_token_pending(smol):
         return s
 
     broken = fresh()
+    clock = SteppedClock()  # moves only when the consumer below takes its time
+    broken.clock = clock
     got = []
     for token in broken.generate(8, eos_token_id=[]):
         got.append(token)
-        time.sleep(0.3)
+        clock.sleep(10.0)  # a slow consumer
         if len(got) == 3:
             break
-    assert broken.last.decode_s < 2.0  # two model steps; the consumer slept 3 s
+    assert broken.last.decode_s == 0.0 and clock.now == 30.0  # none of the consumer's 30 s is the model's
     paused = fresh()
     steps = paused.generate(8, eos_token_id=[])
     assert [int(next(steps)[0]) for _ in range(3)] == [int(t[0]) for t in got]

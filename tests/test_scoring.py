@@ -62,16 +62,17 @@ def test_the_window_attention_gets_transformers_mask_only_when_it_hides_more_tha
     """A causal mask is built into the window attention (masking its logits twice cost ~5 ms a prompt); padding
     or a sliding window must still reach it."""
     from inf_mllm.attention import _beyond_causality
+    from inf_mllm.cache import Forward
 
     n, l = 50, 8
     causal = (torch.arange(n)[None, :] <= torch.arange(n - l, n)[:, None]).expand(2, 1, l, n)
-    mask = causal.clone()
-    assert _beyond_causality(mask, mask) is None
-    assert _beyond_causality(mask, mask) is None  # the same mask again: remembered
+    mask, forward = causal.clone(), Forward()  # checked once per forward, remembered on it
+    assert _beyond_causality(forward, mask, mask) is None
+    assert forward.window_mask[0] is mask and _beyond_causality(forward, mask, mask) is None  # remembered
     padded = causal.clone()
     padded[1, :, :, :3] = False  # the second row's first three keys are padding
-    assert _beyond_causality(padded, padded) is padded
+    assert _beyond_causality(forward, padded, padded) is padded
     sliding = causal & (torch.arange(n)[None, :] > torch.arange(n - l, n)[:, None] - 20)
-    assert _beyond_causality(sliding, sliding) is sliding
+    assert _beyond_causality(Forward(), sliding, sliding) is sliding
     wider = torch.ones(2, 1, l, n, dtype=torch.bool)  # shows future keys: causality hides them anyway
-    assert _beyond_causality(wider, wider) is None
+    assert _beyond_causality(Forward(), wider, wider) is None

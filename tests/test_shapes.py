@@ -2,13 +2,13 @@
 run here on a small stand-in shape: a 7B model cannot run on this CPU, so the 7B ones are checked on the
 meta device (their sizes, no memory) and the code paths on a shape of the same kind, registered by the test."""
 
-import json
 
 import pytest
 import torch
 
 from benchmarks import shapes
 from benchmarks.__main__ import main
+from streaming.records import read
 
 SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=500, max_position_embeddings=8192)
@@ -48,7 +48,7 @@ def test_llava_onevision_7b_folder_has_the_real_token_layout(tmp_path):
 def test_latency_with_a_shape_records_the_bandwidth_floor_and_a_clip_turn(small_shape, tmp_path):
     assert main(["latency", "--quick", "--tokens", "1024", "--shape", small_shape, "--policies", "streaming_llm",
                  "inf_mllm", "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / f"latency_{small_shape}.json").read_text())
+    rows = read(tmp_path / f"latency_{small_shape}.json")
     got = {(r["policy"], r["metric"]): r["value"] for r in rows}
     for policy in ("streaming_llm", "inf_mllm"):
         floor, decode = got[policy, "floor_ms_per_token"], got[policy, "decode_ms_per_token"]
@@ -63,7 +63,7 @@ def test_compiled_decode_times_transformers_own_caches(small_shape, tmp_path, mo
     monkeypatch.setattr(compiled_decode, "CONTEXT", 64)
     assert main(["compiled_decode", "--shape", small_shape, "--quick", "--policies", "inf_mllm",
                  "--out", str(tmp_path)]) == 0
-    rows = json.loads((tmp_path / f"compiled_decode_{small_shape}.json").read_text())
+    rows = read(tmp_path / f"compiled_decode_{small_shape}.json")
     decode = {r["policy"] for r in rows if r["metric"] == "decode_ms_per_token" and r["value"] > 0}
     assert decode == set(compiled_decode.VARIANTS) | {"inf_mllm, eager", "inf_mllm, compiled"}
     by_length = {}

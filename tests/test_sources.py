@@ -3,6 +3,7 @@ question schedules and question files."""
 
 import numpy as np
 import pytest
+from clocks import SteppedClock
 
 from streaming.questions import Question, QuestionError, Schedule, every, parse_ask, parse_time, read_file
 from streaming.sources import CaptureSource, FileSource, SourceError, bundled_clip, open_source
@@ -29,12 +30,26 @@ def test_looped_file_keeps_time_running():
     assert times[5] == pytest.approx(10.0) and times[-1] == pytest.approx(28.0)
 
 
-def test_realtime_pacing_follows_the_video_clock():
-    import time
+def paced(source, clock: SteppedClock, consumer_s: float) -> list[tuple[float, float]]:
+    """(video time, source clock) of each frame as it is handed over, the consumer taking `consumer_s` per frame."""
+    source.clock, source.sleep = clock, clock.sleep
+    seen = []
+    for frame in source:
+        seen.append((frame.t, clock.now))
+        clock.now += consumer_s
+    return seen
 
-    t0 = time.monotonic()
-    frames = list(FileSource(bundled_clip("carphone_pristine.mp4"), fps=2.0, realtime=True))
-    assert time.monotonic() - t0 >= frames[-1].t - 0.05
+
+def test_realtime_pacing_follows_the_video_clock():
+    """A paced file hands each frame over when its video time comes, not before (the source sleeps until then) and
+    not later (a consumer quicker than the video does not fall behind); what it waited is what it slept."""
+    clock = SteppedClock()
+    source = FileSource(bundled_clip("carphone_pristine.mp4"), fps=2.0, realtime=True)
+    seen = paced(source, clock, consumer_s=0.1)
+    assert len(seen) >= 8 and all(now == pytest.approx(t) for t, now in seen)
+    assert source.waited_s == pytest.approx(seen[-1][0] - 0.1 * (len(seen) - 1))
+    slow = paced(FileSource(bundled_clip("carphone_pristine.mp4"), fps=2.0, realtime=True), SteppedClock(), 0.7)
+    assert all(now >= t for t, now in slow) and slow[-1][1] > slow[-1][0]  # a slower consumer: never early
 
 
 def test_missing_file():

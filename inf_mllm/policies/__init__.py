@@ -31,8 +31,8 @@ def fields(cls) -> set[str]:
 
 
 def parts(spec: PolicySpec) -> tuple[type[Policy], type[Allocator]]:
-    cls = POLICIES[spec.scorer]
-    return cls, ALLOCATORS[spec.allocator or cls.default_allocator]
+    cls = scorer_class(spec.scorer)  # from the catalogue as it is now (a policy registered since import included)
+    return cls, allocator_class(spec.allocator or cls.default_allocator)
 
 
 def build(spec: PolicySpec) -> Policy:
@@ -67,7 +67,7 @@ def window_cap(policy: PolicySpec | str, budget) -> dict:
     than a quarter of a token budget, else {}: the window's queries are always kept, and a window near the
     budget would leave nothing to choose (at budget 64 the default window, 64, is the whole cache)."""
     spec = as_spec(policy)
-    cls = POLICIES[spec.scorer]
+    cls = scorer_class(spec.scorer)
     if not isinstance(budget, int) or "window" not in fields(cls):
         return {}
     window = spec.options.get("window", next(f.default for f in dataclasses.fields(cls) if f.name == "window"))

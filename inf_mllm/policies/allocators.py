@@ -65,9 +65,9 @@ class VLCacheBudgets(Allocator):
         return [PostVisionObserver(p=self.p)]
 
     def allocate(self, policy, views, budgets):
-        if any(v is None or v.sparsity is None for v in views):
+        if any(v is None or v.stat("sparsity") is None for v in views):
             return list(budgets)  # a layer saw no post-vision queries (a restore, an OOM retry): stay uniform
-        density = torch.stack([1 - v.sparsity.float().mean() for v in views])  # 1 - gamma_l
+        density = torch.stack([1 - v.stat("sparsity").float().mean() for v in views])  # 1 - gamma_l
         alpha = sum(budgets) / sum(v.n for v in views)
         beta = (density / density.sum() * alpha * len(views)).clamp(0.01, 1.0)
         tokens = [float(b) * v.n for b, v in zip(beta, views, strict=True)]

@@ -210,7 +210,7 @@ class WindowScored(Scored):
         return f"its {self.window}-token {self.window_role}"
 
     def score(self, view, c):
-        return view.require(view.window_scores, self.name)[..., :c]
+        return view.require("window", self.name)[..., :c]
 
     def kept_recent(self, view, budget):
         return min(self.window, view.prompt_len)
@@ -225,4 +225,4 @@ class AccScored(Scored):
         return [AccumulatedObserver()]
 
     def score(self, view, c):
-        return view.require(view.acc_scores, self.name)[..., :c]
+        return view.require("acc", self.name)[..., :c]

@@ -7,8 +7,9 @@ from ..spec import ALLOCATORS, SCORERS
 
 
 def _load(where: str):
+    """"module:Class" in this package, or "package.module:Class" anywhere (a policy kept outside the core)."""
     module, name = where.split(":")
-    return getattr(importlib.import_module(f"{__package__}.{module}"), name)
+    return getattr(importlib.import_module(module if "." in module else f"{__package__}.{module}"), name)
 
 
 def scorer_class(name: str):

@@ -21,4 +21,4 @@ class VLCache(Scored):
         return [PostVisionObserver(window=self.window, p=getattr(self.allocator, "p", 0.01))]
 
     def score(self, view, c):
-        return view.require(view.post_scores, self.name)[..., :c]
+        return view.require("post", self.name)[..., :c]

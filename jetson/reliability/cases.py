@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from streaming.memory import MemorySample, auto_budget_for
+from streaming.budgets import auto_budget_for
+from streaming.memory import MemorySample
 from streaming.questions import SAMPLE_QUESTION
 from streaming.soak import describe, verdict
 from streaming.sources import FileSource

@@ -22,7 +22,7 @@ import torch
 
 from inf_mllm import StreamSession
 
-from ..base import VideoAdapter
+from ..base import EncodedClip, VideoAdapter, visual_of
 from .star_memory import StarMemory
 
 
@@ -43,7 +43,7 @@ class MemoryAdapter(VideoAdapter):
 
     def observe(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> None:
         """Feed a clip's frames into the memory one by one, in order."""
-        self.remember(self.encode(frames, timestamps), float(timestamps[0]) if len(timestamps) else None)
+        self.remember(self.encode(frames, timestamps).visual, float(timestamps[0]) if len(timestamps) else None)
 
     def remember(self, features: torch.Tensor, start_s: float | None = None) -> None:
         """(T, P, D) frame features into the memory: the stateful step, model thread only."""
@@ -70,9 +70,9 @@ class MemoryAdapter(VideoAdapter):
     # --- VideoAdapter -------------------------------------------------------------------------
 
     @torch.no_grad()
-    def encode(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> torch.Tensor:
+    def encode(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> EncodedClip:
         """Frame features only (pure); `append_clip` puts them into the memory."""
-        return self.features(frames)
+        return EncodedClip(self.features(frames))
 
     @torch.no_grad()
     def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> torch.Tensor:
@@ -95,11 +95,11 @@ class MemoryAdapter(VideoAdapter):
         return torch.cat([visual, self.embed_text(self.question_text(question))[None]], dim=1)
 
     @torch.no_grad()
-    def append_clip(self, session: StreamSession, visual: torch.Tensor, index: int, start_s: float = 0.0,
+    def append_clip(self, session: StreamSession, clip: EncodedClip | torch.Tensor, index: int, start_s: float = 0.0,
                     end_s: float | None = None) -> dict:
         """`encode`'s features go into the memory; nothing enters the cache until a question reads it out."""
-        self.remember(visual, start_s)
-        return self.clip_meta(visual, index, start_s, end_s)
+        self.remember(visual_of(clip), start_s)
+        return self.clip_meta(clip, index, start_s, end_s)
 
     def ask(self, session: StreamSession, question: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
         """Append read-out + question as one turn (no eviction between them) and stream the answer."""

@@ -18,7 +18,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from inf_mllm.attention import ATTN_IMPLEMENTATION
 from inf_mllm.loader import AssetError
 
-from ..base import AdapterInfo, VideoAdapter
+from ..base import AdapterInfo, VideoAdapter, visual_of
 from . import pixels
 from .families import clock, family_for
 
@@ -139,12 +139,13 @@ class HFVideo(VideoAdapter):
         times = [start_s + k * step for k in range(self.frames)]
         return self.text_ids(self.clip_message(index, start_s, times, round(end - start_s)))
 
-    def clip_turn(self, visual: torch.Tensor, index: int, start_s: float = 0.0, end_s: float | None = None):
+    def clip_turn(self, visual, index: int, start_s: float = 0.0, end_s: float | None = None):
         return self.embed_clip(self.clip_ids(index, start_s, end_s), visual)
 
     def embed_clip(self, ids: torch.Tensor, visual: torch.Tensor) -> torch.Tensor:
         """(1, L, hidden): the clip turn's ids embedded, the visual features over its placeholder tokens."""
         embeds = self.model.get_input_embeddings()(ids)
+        visual = visual_of(visual)
         slots = ids[0] == self.placeholder_id
         if int(slots.sum()) != visual.shape[0]:
             raise ValueError(f"clip turn has {int(slots.sum())} visual slots for {visual.shape[0]} features")

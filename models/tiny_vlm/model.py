@@ -17,7 +17,7 @@ from torch import nn
 
 from inf_mllm import AssetError, load_model
 
-from ..base import AdapterInfo, VideoAdapter
+from ..base import AdapterInfo, EncodedClip, VideoAdapter
 from .data import named_text
 from .encoder import FEATURE_DIM, GRID, PARTS
 from .labels import MAX_LABELS, display, label_text
@@ -228,24 +228,21 @@ class TinyVLM(TinyTurns, VideoAdapter):
         """GRID² = 16 visual tokens per clip, followed by the embeddings of its labels (see `labels.py`,
         `perception.py`): the labels travel with the visual tokens, so every turn-building path puts them
         in the clip turn."""
-        visual, probs = self.encode_parts(frames)
-        return self.clip_embeddings(visual, self.perceive(frames, probs))
+        return self.encode(frames, timestamps).visual
 
-    @torch.inference_mode()
-    def clip_meta(self, visual: torch.Tensor, index: int, start_s: float, end_s: float | None) -> dict:
-        """With `seen`: the words of the clip's label text, read back from its embeddings (in "text" mode they
-        are token embeddings, so the nearest token is exact)."""
-        meta = super().clip_meta(visual, index, start_s, end_s)
-        if self.label_mode != "text" or visual.shape[0] <= GRID * GRID:
-            return meta
-        table = self.model.get_input_embeddings().weight
-        if getattr(self, "_table_norms", None) is None:
-            self._table_norms = table.float().pow(2).sum(dim=-1)
-        rows = visual[GRID * GRID:].to(table.device, table.dtype)  # in the table's dtype: no copy of the table
-        ids = (self._table_norms - 2 * (rows @ table.T).float()).argmin(dim=-1)
-        text = self.tokenizer.decode(ids.tolist()).strip()
-        meta["seen"] = text.removeprefix("Seen:").strip().rstrip(".")
-        return meta
+    @torch.no_grad()
+    def encode(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> EncodedClip:
+        """`encode_clip`'s embeddings with the words of its labels as data (`encoded`)."""
+        visual, probs = self.encode_parts(frames)
+        return self.encoded(visual, self.perceive(frames, probs))
+
+    def encoded(self, visual: torch.Tensor, labels: Sequence[int]) -> EncodedClip:
+        """A clip's turn embeddings (`clip_embeddings`) and, in "text" label mode, `seen`: the words of the label text
+        its turn carries, for the clip log and the span store."""
+        meta = {}
+        if self.label_mode == "text":
+            meta["seen"] = self.label_text(self.fit_labels(labels)).strip().removeprefix("Seen:").strip().rstrip(".")
+        return EncodedClip(self.clip_embeddings(visual, labels), meta)
 
     def phrase(self, intent, clip: int | None) -> str:
         """In the forms tiny-vlm was trained on (`scenes.py`): "is there a cat?", "what is in the video?", and

@@ -1,0 +1,52 @@
+"""What a frame source is, written once: the engine, `stream-qa`, the app and the soak take any `FrameSource`
+(sources.py has the files, cameras, URLs and pipes; app/sources.py the page's player and camera)."""
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import UserError
+
+
+class SourceError(UserError):
+    """A video source cannot be opened or read; the message is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    t: float  # seconds of video time since the stream began (grows across loops)
+    rgb: np.ndarray  # (H, W, 3) uint8
+
+
+class FrameSource:
+    """What the engine, `stream-qa`, the app and the soak take as a source of frames, written down once. A source
+    iterates `Frame`s in video-time order and raises `SourceError` (one line) when it cannot start; it says:
+
+    - `live`: its frames come on a clock the model cannot stop (a camera, a file played in real time), so the
+      engine drops a clip it has no room for instead of falling behind;
+    - `waited_s`: seconds spent waiting for that clock rather than decoding, left out of the ingest speed;
+    - `duration`: seconds of video in one pass, where known (a file, a served file), else None;
+    - `ended`: why it stopped before its video did, in words (the app says it in the chat), else None.
+
+    A source paced to a clock reads `clock` and waits with `sleep` (`pace`): the wall clock, unless a test gives it
+    one it steps itself. A new source subclasses this, sets what differs from these defaults, and is wired in
+    `open_source` (and the app's page for one it drives)."""
+
+    live: bool = False
+    waited_s: float = 0.0
+    duration: float | None = None
+    ended: str | None = None
+    clock: Callable[[], float] = staticmethod(time.monotonic)
+    sleep: Callable[[float], None] = staticmethod(time.sleep)
+
+    def pace(self, start: float, t: float) -> float:
+        """Wait until video time `t` of a stream that began at `start` on the source's clock; the time waited."""
+        delay = start + t - self.clock()
+        if delay > 0:
+            self.sleep(delay)
+        return max(delay, 0.0)
+
+    def __iter__(self) -> Iterator[Frame]:
+        raise NotImplementedError
