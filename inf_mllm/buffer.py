@@ -70,6 +70,34 @@ class KVBuffer:
         self.n = n
         return self.get()
 
+    def insert(self, at: int, rows: torch.Tensor, tail: torch.Tensor | None = None) -> None:
+        """`rows` put in at index `at`, the rows after them moved down (or replaced by `tail`, what they become): at
+        the end, an append; nothing before `at` is touched."""
+        n = self.n
+        if not self.static:
+            cur = self.get()
+            self.set(torch.cat([cur[:, :, :at], rows, cur[:, :, at:] if tail is None else tail], dim=2))
+            return
+        moved = None if at == n else (self.buf[:, :, at:n].clone() if tail is None else tail)
+        m = rows.shape[2]
+        if not self._fits(rows, n + m):
+            self._reserve(rows, n + m, keep=n)
+        self._write(at, rows)
+        if moved is not None:
+            self._write(at + m, moved)
+        self.n = n + m
+
+    def cut(self, at: int, m: int, tail: torch.Tensor | None = None) -> None:
+        """Rows at..at+m-1 taken out, the rows after them moved up (or replaced by `tail`, what they become)."""
+        n = self.n
+        if not self.static:
+            cur = self.get()
+            self.set(torch.cat([cur[:, :, :at], cur[:, :, at + m:] if tail is None else tail], dim=2))
+            return
+        if at + m < n:
+            self._write(at, self.buf[:, :, at + m:n].clone() if tail is None else tail)
+        self.n = n - m
+
     def take(self, idx: torch.Tensor) -> torch.Tensor:
         """The cache's rows at indices idx (B, 1 or H, K), every head its own: one `index_select` over the
         buffer's rows (B·H·capacity, D), several times faster on a CPU than `torch.gather` with an index

@@ -164,25 +164,21 @@ class StreamingLayer(DynamicLayer):
         is rotated once; the tokens after it move right by its extent (keys re-rotated), so positions stay
         contiguous. Under multimodal RoPE, `bases` (m + 1,) holds the block's unit bases from 0 and then its
         extent. A `recalled` block is remembered (`linked`) to be taken out again."""
-        m = keys.shape[2]
+        m, (b, h) = keys.shape[2], self.keys.shape[:2]
         inv_freq = self.cache.inv_freq
-        head_k, tail_k = self.keys[:, :, :at], self.keys[:, :, at:]
         to, shift = self.pos.open(at, bases, m)
         if isinstance(to, int) and not to and not bool(moves.any()):
             block = keys
         else:
             block = rerotate_by(keys.to(self.keys), to, moves.to(self.keys.device), inv_freq)
-        if tail_k.shape[2]:
-            tail_k = rerotate(tail_k, torch.full((1, 1, tail_k.shape[2]), shift, device=keys.device), inv_freq)
-        self.keys = torch.cat([head_k, block.to(self.keys.dtype), tail_k], dim=2)
-        self.values = torch.cat([self.values[:, :, :at], values.to(self.values), self.values[:, :, at:]], dim=2)
-        b, h = self.keys.shape[:2]
+        tail = self.keys[:, :, at:]  # moves right by the block's extent (at the end, as recall links: nothing)
+        tail = rerotate(tail, torch.full((1, 1, tail.shape[2]), shift, device=keys.device), inv_freq) \
+            if tail.shape[2] else None
+        self._k.insert(at, block.to(self.keys.dtype), tail)
+        self._v.insert(at, values.to(self.values))
         if self.turn_ids is not None:
-            ids = tags.to(self.turn_ids.device).expand(b, h, m)
-            self.turn_ids = torch.cat([self.turn_ids[..., :at], ids, self.turn_ids[..., at:]], dim=-1)
-        for key, value in self.stats.lasting():
-            zeros = torch.zeros((b, h, m), dtype=value.dtype, device=value.device)
-            self.stats.put(key, torch.cat([value[..., :at], zeros, value[..., at:]], dim=-1))
+            self._ids.insert(at, tags.to(self.turn_ids.device).expand(b, h, m))
+        self.stats.insert(at, m)
         if recalled:
             self.linked = (at, m) if self.linked is None else ...
 
@@ -190,14 +186,19 @@ class StreamingLayer(DynamicLayer):
         """Take the linked (recalled) tokens out; the rest close up to contiguous positions."""
         if self.linked is None:
             return
-        if self.linked is ...:  # moved since: find them
+        if self.linked is ... or self.pos.multimodal:  # moved since (find them), or units to close up
             ids = self.turn_ids
-            keep = (ids[:, 0] >= 0).nonzero()[:, 1][None]  # linking is uniform over heads and batch 1
-        else:
+            self.keep((ids[:, 0] >= 0).nonzero()[:, 1][None])  # linking is uniform over heads and batch 1
+        else:  # the tokens after the block move up by its length: nothing before it is touched
             at, m = self.linked
-            n = self.get_seq_length()
-            keep = torch.cat([torch.arange(at), torch.arange(at + m, n)])[None]
-        self.keep(keep)
+            after = self.get_seq_length() - at - m
+            tail = self.pos.moved(self.keys[:, :, at + m:], torch.full((1, 1, after), -m, device=self.keys.device),
+                                  self.start) if after else None
+            self._k.cut(at, m, tail)
+            self._v.cut(at, m)
+            if self.turn_ids is not None:
+                self._ids.cut(at, m)
+            self.stats.cut(at, m)
         self.linked = None
 
     # --- buffers and rollback ---------------------------------------------------------------------

@@ -165,6 +165,20 @@ class Statistics(dict):
             buf.set(self.get(key))
             self[key] = buf.append(torch.zeros((*keys.shape[:2], new), dtype=torch.float32, device=keys.device))
 
+    def insert(self, at: int, m: int) -> None:
+        """Zeros for m tokens linked in at index `at`, in every lasting per-token statistic."""
+        for key, value in self.lasting():
+            buf = self._buffers[key]
+            buf.insert(at, torch.zeros((*value.shape[:2], m), dtype=value.dtype, device=value.device))
+            self[key] = buf.get()
+
+    def cut(self, at: int, m: int) -> None:
+        """The m tokens from index `at` taken out of every lasting per-token statistic."""
+        for key, _ in self.lasting():
+            buf = self._buffers[key]
+            buf.cut(at, m)
+            self[key] = buf.get()
+
     def lasting(self):
         """(key, value) of the per-token statistics that follow the tokens across evictions."""
         declared = self._declared()

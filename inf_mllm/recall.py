@@ -87,7 +87,7 @@ def span_scores(question_keys: list[torch.Tensor], store: SpanStore, candidates:
     question's keys without RoPE, (Hkv, M, d)."""
     rows, summaries = store.summary_rows(candidates)
     q = torch.nn.functional.normalize(torch.stack(question_keys).float(), dim=-1)  # (L, Hkv, M, d)
-    s = torch.nn.functional.normalize(summaries[rows].to(q.device).float(), dim=-1)  # (N, L, Hkv, R, d)
+    s = summaries[rows].to(q.device)  # (N, L, Hkv, R, d), unit keys in fp32 (store.summaries)
     sim = torch.einsum("nlhrd,lhmd->nlhmr", s, q).amax(dim=-1)  # each question token's best span key
     if sim.shape[0] > 1:  # per question token over the spans: shared tokens cancel, distinctive ones count
         sim = (sim - sim.mean(dim=0)) / sim.std(dim=0).clamp_min(1e-4)

@@ -118,7 +118,8 @@ class SpanStore:
             self._forget(span_id, entry[0])
 
     def summaries(self) -> tuple[list[int], torch.Tensor | None]:
-        """Ids and their stacked summaries (N, layers, Hkv, r, d), in id order."""
+        """Ids and their stacked summaries (N, layers, Hkv, r, d), in id order, as scoring reads them: unit keys in
+        fp32."""
         return self._stack.all()
 
     def summary_rows(self, span_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
