@@ -77,9 +77,12 @@ def resident_spans(cache, store: SpanStore, share: float) -> set[int]:
     ids = ids[ids >= 0]
     if not ids.numel():
         return set()
-    counts = torch.bincount(ids)
     slots = sum(layer.turn_ids.shape[1] for layer in cache.layers if layer.turn_ids is not None)  # layers x heads
-    return {i for i in store.spans if i < len(counts) and counts[i] >= share * store.spans[i].length * slots}
+    stored = torch.tensor(list(store.spans), dtype=torch.long)
+    lengths = torch.tensor([span.length for span in store.spans.values()], dtype=torch.float32)
+    counts = torch.bincount(ids, minlength=int(stored.max()) + 1 if len(stored) else 0).cpu()  # one read back
+    kept = counts[stored].float() >= share * lengths * slots  # the same test, for every span at once
+    return set(stored[kept].tolist())
 
 
 def span_scores(question_keys: list[torch.Tensor], store: SpanStore, candidates: list[int]) -> torch.Tensor:
@@ -87,7 +90,8 @@ def span_scores(question_keys: list[torch.Tensor], store: SpanStore, candidates:
     question's keys without RoPE, (Hkv, M, d)."""
     rows, summaries = store.summary_rows(candidates)
     q = torch.nn.functional.normalize(torch.stack(question_keys).float(), dim=-1)  # (L, Hkv, M, d)
-    s = summaries[rows].to(q.device)  # (N, L, Hkv, R, d), unit keys in fp32 (store.summaries)
+    every = len(rows) == summaries.shape[0] and bool((rows == torch.arange(len(rows))).all())
+    s = (summaries if every else summaries[rows]).to(q.device)  # (N, L, Hkv, R, d), unit fp32 (store.summaries)
     sim = torch.einsum("nlhrd,lhmd->nlhmr", s, q).amax(dim=-1)  # each question token's best span key
     if sim.shape[0] > 1:  # per question token over the spans: shared tokens cancel, distinctive ones count
         sim = (sim - sim.mean(dim=0)) / sim.std(dim=0).clamp_min(1e-4)

@@ -73,6 +73,8 @@ class SpanStore:
         self.ram_cap, self.disk_cap = _size(ram_bytes), _size(disk_bytes)
         self.folder = Path(folder) if folder is not None else None
         self.spans: OrderedDict[int, Span] = OrderedDict()  # every known span, least recently used first
+        self._in_ram: OrderedDict[int, None] = OrderedDict()  # the spans holding their KV, in the same order
+        self._ram = self._disk = 0  # bytes of KV in RAM and on disk, kept as they change (not summed per add)
         self.on_disk: dict[int, tuple[str, str, int]] = {}  # id -> (file, sha256, bytes)
         self._stack = SummaryStack()
         self._next_id = 0  # above every id the folder ever indexed: ids are never reused
@@ -87,7 +89,10 @@ class SpanStore:
 
     def add(self, span: Span) -> None:
         self._writer.check()
+        if span.id in self.spans:  # stored again: the old one's bytes go
+            self._let_go(self.spans[span.id])
         self.spans[span.id] = span
+        self._hold(span)
         self._stack.add(span)
         if self.folder is not None and self.writable:
             with self._state:
@@ -106,16 +111,36 @@ class SpanStore:
             if tensors is None:
                 return None
             span.keys, span.values = tensors["keys"], tensors["values"]
+            self._hold(span)
             self._enforce()
+        else:
+            self._in_ram.move_to_end(span_id)
         return span.keys, span.values
 
     def drop(self, span_id: int) -> None:
-        self.spans.pop(span_id, None)
+        span = self.spans.pop(span_id, None)
+        if span is not None:
+            self._let_go(span)
         self._stack.drop(span_id)
         with self._state:
             entry = self.on_disk.pop(span_id, None)
+            self._disk -= entry[2] if entry is not None else 0
         if entry is not None:
             self._forget(span_id, entry[0])
+
+    def _hold(self, span: Span) -> None:
+        """`span`'s KV is in RAM (and the most recently used)."""
+        if span.keys is not None:
+            self._in_ram[span.id] = None
+            self._in_ram.move_to_end(span.id)
+            self._ram += span.nbytes
+
+    def _let_go(self, span: Span, keep_meta: bool = False) -> None:
+        """`span`'s KV leaves RAM (keep_meta: it stays known, its file on disk)."""
+        if span.keys is not None and self._in_ram.pop(span.id, 0) is None:
+            self._ram -= span.nbytes
+        if keep_meta:
+            span.keys = span.values = None
 
     def summaries(self) -> tuple[list[int], torch.Tensor | None]:
         """Ids and their stacked summaries (N, layers, Hkv, r, d), in id order, as scoring reads them: unit keys in
@@ -134,45 +159,43 @@ class SpanStore:
 
     @property
     def ram_bytes(self) -> int:
-        return sum(s.nbytes for s in self.spans.values())
+        return self._ram
 
     @property
     def disk_bytes(self) -> int:
-        with self._state:
-            return sum(b for _, _, b in self.on_disk.values())
+        return self._disk
 
     # --- caps -----------------------------------------------------------------------------------
 
     def _enforce(self) -> None:
+        """Both tiers back under their caps, least recently used first: a span leaves RAM for its file (or, with no
+        file, altogether), a file leaves the disk (its span too, unless its KV is still in RAM). A span stays in RAM
+        until its file is written."""
         self._said()
-        if self.ram_cap is not None:
-            ram = self.ram_bytes
-            for span in list(self.spans.values()):  # least recently used first
-                if ram <= self.ram_cap:
+        if self.ram_cap is not None and self._ram > self.ram_cap:
+            with self._state:
+                written, pending = set(self.on_disk), set(self._pending)
+            for span_id in list(self._in_ram):
+                if self._ram <= self.ram_cap:
                     break
-                with self._state:
-                    written, pending = span.id in self.on_disk, span.id in self._pending
-                if span.keys is None or pending:  # a span stays in RAM until its file is written
+                if span_id in pending:
                     continue
-                ram -= span.nbytes
-                if written:
-                    span.keys = span.values = None  # still on disk
+                if span_id in written:
+                    self._let_go(self.spans[span_id], keep_meta=True)  # still on disk
                 else:
-                    self.drop(span.id)
-        if self.disk_cap is not None and self.on_disk:
+                    self.drop(span_id)
+        if self.disk_cap is not None and self._disk > self.disk_cap:
             with self._state:
                 on_disk = dict(self.on_disk)
-            disk = sum(b for _, _, b in on_disk.values())
             for span_id in [i for i in self.spans if i in on_disk]:
-                if disk <= self.disk_cap:
+                if self._disk <= self.disk_cap:
                     break
-                disk -= on_disk[span_id][2]
                 if self.spans[span_id].keys is None:
                     self.drop(span_id)
                 else:  # stays in RAM only
                     with self._state:
-                        name = self.on_disk.pop(span_id)[0]
-                    self._forget(span_id, name)
+                        self._disk -= self.on_disk.pop(span_id)[2]
+                    self._forget(span_id, on_disk[span_id][0])
 
     # --- disk tier (on the writer thread) -------------------------------------------------------
 
@@ -198,6 +221,7 @@ class SpanStore:
                 return
             with self._state:
                 self.on_disk[span.id] = (name, digest, len(data))
+                self._disk += len(data)
         finally:
             with self._state:
                 self._pending.discard(span.id)
@@ -296,6 +320,7 @@ class SpanStore:
             if record.get("dropped"):
                 continue
             self.on_disk[record["id"]] = (record["file"], record["sha256"], record["bytes"])
+            self._disk += record["bytes"]
             tensors = self._read(record["id"])
             if tensors is None:
                 continue

@@ -17,6 +17,7 @@ started again in the same folder) and must answer. What is checked at every poin
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import re
@@ -66,11 +67,25 @@ class Faults:
         return {int(m.group(1)) for op, path in done if op == "rename" and (m := SPAN.search(path))}
 
 
+ENCODED: dict = {}  # (frames, times) -> the clip as tiny-vlm encodes it: the same clips in every faulty run
+
+
 @pytest.fixture
 def shared_model(vlm, monkeypatch):
+    """The session's tiny-vlm for every run, each clip encoded once for all of them: the runs differ only in their
+    writes (encoding is pure; 150-odd runs would otherwise encode the same ten frames each)."""
     import models
 
     monkeypatch.setattr(models, "load_adapter", lambda name, path=None, device="cpu": vlm)
+    encode = vlm.encode
+
+    def encoded_once(frames, times):
+        key = (hashlib.sha256(frames.tobytes()).hexdigest(), tuple(times))
+        if key not in ENCODED:
+            ENCODED[key] = encode(frames, times)
+        return ENCODED[key]
+
+    monkeypatch.setattr(vlm, "encode", encoded_once)
     return vlm
 
 
