@@ -48,7 +48,7 @@ text-demo: setup
 # and the weights halfway between the two; 80 steps on the base with hard negatives ("is there X?" about a
 # thing another clip in context holds) each followed by its "yes" about the clip that holds X; the weights
 # three quarters of the way from the halfway ones to those. TINY_VLM_BASE=build/tiny_vlm_base after
-# `make train-tiny-vlm-base` starts from a fresh base instead (another draw: see benchmarks/results/README.md)
+# `make train-tiny-vlm-base` starts from a fresh base instead (another draw: see benchmarks/results/HISTORY.md)
 TINY_VLM_BASE ?= models/tiny_vlm/base
 train-tiny-vlm: setup
 	$(PY) -m models.tiny_vlm.train --out build/tiny_vlm_tuned --eval 0 --set init='"$(TINY_VLM_BASE)"' \
@@ -63,14 +63,17 @@ train-tiny-vlm: setup
 train-tiny-vlm-base: setup
 	$(PY) -m models.tiny_vlm.train --out build/tiny_vlm_base --eval 100
 
+# pytest-xdist workers: one per core of a 2-core machine (each gives torch one thread: tests/conftest.py)
+WORKERS ?= 2
+
 # the README's test command (under 20 min on a fresh 2-core machine); CI also runs test-slow
 test: setup corpus
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -m "not slow and not browser"
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not browser"
 
-# long runs (stream_ppl's resume reads the corpus) and the app in Chromium
+# long runs (stream_ppl's resume reads the corpus) and the app in Chromium; few long tests: spread one by one
 test-slow: setup corpus chromium
-	$(PY) -m pytest -q -m "slow or browser"
+	$(PY) -m pytest -q -n $(WORKERS) --dist worksteal -m "slow or browser"
 
 bench-quick: setup corpus
 	$(PY) -m benchmarks stream_ppl --quick --out benchmarks/results/quick

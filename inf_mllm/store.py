@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load, save
 
 from . import diskio, store_index
@@ -142,13 +141,9 @@ class SpanStore:
         if keep_meta:
             span.keys = span.values = None
 
-    def summaries(self) -> tuple[list[int], torch.Tensor | None]:
-        """Ids and their stacked summaries (N, layers, Hkv, r, d), in id order, as scoring reads them: unit keys in
-        fp32."""
-        return self._stack.all()
-
     def summary_rows(self, span_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The rows of `span_ids` in the stacked summaries, and the stack (found by id, not searched)."""
+        """The rows of `span_ids` in the stacked summaries, and the stack (N, layers, Hkv, r, d) in id order, as
+        scoring reads it: unit keys in fp32 (found by id, not searched)."""
         return self._stack.rows(span_ids), self._stack.all()[1]
 
     def __len__(self) -> int:
@@ -312,7 +307,7 @@ class SpanStore:
         index records are cut off and span files without a good record re-indexed (one warning)."""
         index = store_index.read(self.folder / self.INDEX)
         records = {r["id"]: r for r in index.records}  # a later record of an id wins (a tombstone)
-        adopted = [self._adopt(i, name) for i, name in store_index.span_files(self.folder).items()
+        adopted = [store_index.adopt(self.folder, i, name) for i, name in store_index.span_files(self.folder).items()
                    if i not in records]
         adopted = [r for r in adopted if r is not None]
         self._next_id = max([index.max_id, *(r["id"] for r in adopted)]) + 1
@@ -324,7 +319,7 @@ class SpanStore:
             tensors = self._read(record["id"])
             if tensors is None:
                 continue
-            meta = json.loads(tensors_meta(self.folder / record["file"]).get("meta", "{}"))
+            meta = json.loads(store_index.tensors_meta(self.folder / record["file"]).get("meta", "{}"))
             span = Span(record["id"], tensors["keys"].shape[2], tensors["summary"], meta,
                         bases=tensors.get("bases"), origin=tensors.get("origin"))
             self.spans[record["id"]] = span
@@ -332,24 +327,11 @@ class SpanStore:
         if not index.clean or adopted:
             self._repair_index(index, adopted)
         self._enforce()
-    def _adopt(self, span_id: int, name: str) -> dict | None:
-        """A whole span file the index does not list (its record was torn or damaged): its record rebuilt
-        from the file itself, if the file loads and names the same id."""
-        try:
-            data = (self.folder / name).read_bytes()
-            ok = tensors_meta(self.folder / name).get("id") == str(span_id) and "keys" in load(data)
-        except Exception:  # a damaged file: safetensors raises its own error types
-            ok = False
-        if not ok:
-            return None
-        return {"id": span_id, "file": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
     def _repair_index(self, index, adopted: list[dict]) -> None:
         what = [f"{index.bad} damaged or torn record(s) cut off"] if index.bad else []
         what += [f"{len(adopted)} span file(s) re-indexed from their own metadata"] if adopted else []
-        ids = sorted({r["id"]: r for r in [*index.records, *adopted]})  # every id ever used keeps a record
-        rows = [dict(zip(store_index.KEYS, (i, *self.on_disk[i]), strict=True)) if i in self.on_disk
-                else store_index.tombstone(i, f"span_{i:08d}.safetensors") for i in ids]
+        rows = store_index.rebuilt([*index.records, *adopted], self.on_disk)
         if self.writable:
             try:
                 diskio.write_atomic(self.folder / self.INDEX, b"".join(map(store_index.encode, rows)))
@@ -362,7 +344,3 @@ class SpanStore:
     def next_id(self) -> int:
         return max(self._next_id, max(self.spans, default=-1) + 1)
 
-
-def tensors_meta(path: Path) -> dict:
-    with safe_open(str(path), "pt") as f:
-        return f.metadata() or {}

@@ -9,11 +9,15 @@ from their own metadata, so a span whose file is whole is never lost to a bad li
 Lines written before records had checksums (plain JSON) are still read.
 """
 
+import hashlib
 import json
 import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from safetensors import safe_open
+from safetensors.torch import load
 
 KEYS = ("id", "file", "sha256", "bytes")
 SPAN_FILE = re.compile(r"span_(\d{8})\.safetensors")
@@ -90,3 +94,29 @@ def span_files(folder: Path) -> dict[int, str]:
         if m:
             found[int(m.group(1))] = path.name
     return found
+
+
+def tensors_meta(path: Path) -> dict:
+    """A span file's own metadata (its id, length and meta), read without its tensors."""
+    with safe_open(str(path), "pt") as f:
+        return f.metadata() or {}
+
+
+def adopt(folder: Path, span_id: int, name: str) -> dict | None:
+    """A whole span file the index does not list (its record was torn or damaged): its record rebuilt from the
+    file itself, if the file loads and names the same id."""
+    try:
+        data = (folder / name).read_bytes()
+        ok = tensors_meta(folder / name).get("id") == str(span_id) and "keys" in load(data)
+    except Exception:  # a damaged file: safetensors raises its own error types
+        ok = False
+    if not ok:
+        return None
+    return {"id": span_id, "file": name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def rebuilt(records: list[dict], on_disk: dict[int, tuple]) -> list[dict]:
+    """The records of a repaired index: every id ever used keeps one (a tombstone where its file is gone)."""
+    ids = sorted({r["id"] for r in records})
+    return [dict(zip(KEYS, (i, *on_disk[i]), strict=True)) if i in on_disk
+            else tombstone(i, f"span_{i:08d}.safetensors") for i in ids]

@@ -1,9 +1,12 @@
 import streaming  # noqa: F401, I001  (first: its OpenMP waiting is set before torch loads, as in every entry point)
 
+import os  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(2)
+# the machine's two cores: both for one process, one each for two pytest-xdist workers (`make test` runs two)
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture(scope="session")

@@ -150,7 +150,7 @@ def held_out_accuracy(vlm):
 
 @pytest.mark.slow
 def test_accuracy_does_not_fall_below_the_committed_model(held_out_accuracy):
-    """A floor a little under what the committed weights measured (see benchmarks/results/README.md)."""
+    """A floor a little under what the committed weights measured (see benchmarks/results/HISTORY.md)."""
     acc = held_out_accuracy
     assert acc["all"] >= 0.97 and acc["yes/no"] >= 0.96, acc  # measured 0.980 and 0.973 on these questions
     assert acc["colour"] >= 0.97 and acc["shape"] >= 0.97 and acc["ctx8"] >= 0.78, acc  # 1.0, 1.0, 0.813
@@ -165,6 +165,6 @@ def test_single_image_accuracy_goals_on_held_out_questions(held_out_accuracy):
 
 @pytest.mark.slow
 @pytest.mark.xfail(strict=True, reason="issue goal not met yet: with 8 images in context these 300 questions give "
-                   "0.813 (CPU); see benchmarks/results/README.md")
+                   "0.813 (CPU); see benchmarks/results/HISTORY.md")
 def test_eight_images_in_context_goal_on_held_out_questions(held_out_accuracy):
     assert held_out_accuracy["ctx8"] >= 0.85, held_out_accuracy

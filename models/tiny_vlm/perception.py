@@ -24,7 +24,7 @@ perception` measures them):
 words): on the hand-annotated clips it names the bicycle, the person and the scooter that the whole
 frame misses, with fewer wrong labels, for ~105 ms more CPU per frame. It was `tiles+person` (tiles
 from 0.3), with which the weights trained on `frame` answered better while easy-VQA was unchanged
-(`benchmarks/results/README.md`, "perception"); the committed weights then trained 80 more steps on
+(`benchmarks/results/HISTORY.md`, "perception"); the committed weights then trained 80 more steps on
 its words, and the threshold went to 0.2 for bikes.mp4's parked bicycle (a tile reads "tandem
 bicycle" at 0.21). A clip turn's text is what the model reads, so this is a model setting:
 `TinyVLM(perception="frame")`, or `"perception"` in the weights' config.json.

@@ -97,7 +97,7 @@ def distractor_word(rng: random.Random, labels: tuple[int, ...], others, more: b
     """A word for a thing another clip in context holds and this one does not, or None. Without such
     negatives "is there a cat?" is yes whenever a cat was in any clip so far (the random words of the other
     negatives are almost never in context): the stop-37 weights said yes to all 12 such photo pairs of
-    `real_scenes` (benchmarks/results/README.md, "real_scenes", stop 39)."""
+    `real_scenes` (benchmarks/results/HISTORY.md, "real_scenes", stop 39)."""
     allowed = words_of_all(labels, more)
     words = sorted({w for other in others if other for w in words_of_all(other, more) if absent(w, allowed)})
     return rng.choice(words) if words else None
@@ -106,7 +106,7 @@ def distractor_word(rng: random.Random, labels: tuple[int, ...], others, more: b
 def contrast_question(rng: random.Random, question: str, labels: tuple[int, ...], content, more: bool = False):
     """(clip number, "is there …?") about a clip in `content` that holds the thing a hard negative asked for, so
     that the thing being in context is not itself the cue for "no"; candidates C and A said "no" to the latest
-    clip's own thing (benchmarks/results/README.md, "real_scenes", stop 40)."""
+    clip's own thing (benchmarks/results/HISTORY.md, "real_scenes", stop 40)."""
     allowed = words_of_all(labels, more)
     word = max((w for c in content if c[2] for w in words_of_all(c[2], more)
                 if absent(w, allowed) and question.endswith((f" {w}?", f" {w} now?", f" {w} in the video?"))), key=len)
