@@ -26,7 +26,7 @@ def main(n: int = 1600, budget: int = 1024, window: int = 64, layers=(0, 5, 15, 
     for index in layers:
         layer = session.cache.layers[index]
         c = layer.get_seq_length() - window
-        s = layer.window_scores[0, :, :c].mean(0)
+        s = layer.stats["window"][0, :, :c].mean(0)
         r = budget - window
         recency = set(range(c - r, c))
         cells = []

@@ -22,9 +22,10 @@ from transformers.cache_utils import Cache
 from .attention import FORWARD_KWARG, use_observing_attention
 from .budget import KVShape, layer_budgets
 from .layer import ProbeDone, StreamingLayer  # noqa: F401 (ProbeDone re-exported for the session)
-from .observers import WindowObserver, declared
+from .observers import declared
 from .policies import LayerView, Policy, Uniform, build
 from .positions import LinearRoPE, MultimodalRoPE, TurnPositions
+from .recall import observers as recall_observers
 from .rope import RotationTable, multimodal_rope, rope_inv_freq
 from .spec import PolicySpec, Recall, as_spec
 
@@ -81,8 +82,8 @@ class StreamingCache(Cache):
         # recall (recall.py): every token's turn tracked, every turn's window observed (recall reads its scores)
         self.recall = recall
         self.track_turns = recall is not None
-        if recall is not None and not any("window" in declared([obs]) for obs in self.observers):
-            self.observers.append(WindowObserver(window=recall.window))
+        if recall is not None:
+            self.observers = recall_observers(self.observers, recall)
         self.statistics = declared(self.observers)
         self.inv_freq = inv_freq
         self.rotations = RotationTable(inv_freq)

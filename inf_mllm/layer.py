@@ -52,10 +52,6 @@ class StreamingLayer(DynamicLayer):
     turn_ids = property(lambda self: self._ids.get(), lambda self, value: self._ids.set(value))
 
     @property
-    def window_scores(self) -> torch.Tensor | None:
-        return self.stats.get("window")
-
-    @property
     def base(self) -> torch.Tensor | None:
         """Multimodal RoPE: each token's unit base (None under 1-D RoPE)."""
         return getattr(self.pos, "base", None)

@@ -20,11 +20,22 @@ from collections.abc import Callable
 
 import torch
 
+from .observers import WindowObserver, declared
 from .rope import rerotate
 from .spec import Recall
 from .store import Span, SpanStore
 
 # --- storing a turn ---------------------------------------------------------------------------------
+
+
+def observers(observed: list, recall: Recall) -> list:
+    """The observers a cache with recall runs: a span's representative keys are those its own turn's window
+    attended to most, so the window statistic is kept for every turn (a policy without it gets a window of
+    recall's own)."""
+    if any("window" in declared([obs]) for obs in observed):
+        return observed
+    return [*observed, WindowObserver(window=recall.window)]
+
 
 
 def scoring_layers(recall: Recall, num_layers: int) -> list[int]:
@@ -54,7 +65,7 @@ def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> S
         k = cache.rotations.rotate(k, torch.full((1, length), -first, device=k.device), first + 1) if first else k
         bare = rerotate(k, -own, cache.inv_freq)  # no RoPE (a vision token keeps its offsets in its unit)
         h = k.shape[0]
-        scores = layer.window_scores
+        scores = layer.stats.get("window")  # the statistic `observers` makes sure is kept
         if scores is not None and scores.shape[-1] == n:
             s = scores[0, :, n - length:].reshape(h, -1, length).mean(dim=1)  # (Hkv, L)
         else:  # no observation: the keys with the largest norm stand out in q·k

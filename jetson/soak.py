@@ -15,7 +15,9 @@ import math
 import sys
 from pathlib import Path
 
+from inf_mllm.spec import parse_budget
 from streaming.budgets import auto_budget_for
+from streaming.checks import check_budget
 from streaming.errors import ConfigError
 from streaming.questions import QuestionError, parse_time
 from streaming.records import record, write
@@ -97,6 +99,7 @@ def run(args) -> int:
         raise ConfigError(f"--bias must be a finite number ≥ 0, got {args.bias}")
     if not 0 <= args.warmup < 1:
         raise ConfigError(f"--warmup is a fraction of the rounds in [0, 1), got {args.warmup}")
+    check_budget(args.budget)
     duration = parse_duration(args.duration) if args.duration else None
     video = Path(args.video) if args.video else bundled_clip("bikes.mp4")
     FileSource(video, fps=args.fps)  # a bad file fails here, before the model loads
@@ -105,12 +108,12 @@ def run(args) -> int:
     from models import load_adapter  # torch and transformers load only once the arguments are good
 
     adapter = load_adapter(args.model, device=args.device)
-    budget = args.budget
-    if budget == "auto":
-        budget, auto = auto_budget_for(adapter, args.max_new_tokens, args.device)
-        print(f"soak: --budget auto: {budget} tokens per layer ({auto.explain()})", file=sys.stderr)
-    elif str(budget).isdigit():
-        budget = int(budget)
+    budget = parse_budget(args.budget)  # the one grammar, read once (checked before the model loaded)
+    if budget.auto:
+        tokens, auto = auto_budget_for(adapter, args.max_new_tokens, args.device)
+        print(f"soak: --budget auto: {tokens} tokens per layer ({auto.explain()})", file=sys.stderr)
+        budget = parse_budget(tokens)
+    budget = budget.tokens if budget.tokens is not None else str(budget)  # a number or its text: records, caps
     log_path = out / f"{args.name}.jsonl"
     runs, verdicts = [], []
     with open(log_path, "w") as log:

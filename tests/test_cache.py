@@ -76,11 +76,11 @@ def test_cuda_session_uses_triton_scores_and_matches_cpu(smol):
     ids = torch.randint(100, 20000, (1, 160))
     cpu = StreamSession(model, tok, "inf_mllm", budget=64, window=16)
     cpu.append(ids[:, :100], evict=False)
-    cpu_scores = cpu.cache.layers[0].window_scores
+    cpu_scores = cpu.cache.layers[0].stats["window"]
     gpu_model = type(model).from_pretrained(model.name_or_path, attn_implementation="inf_mllm_sdpa").cuda()
     gpu = StreamSession(gpu_model, tok, "inf_mllm", budget=64, window=16)
     gpu.append(ids[:, :100].cuda(), evict=False)
-    assert (gpu.cache.layers[0].window_scores.cpu() - cpu_scores).abs().max() <= 1e-4
+    assert (gpu.cache.layers[0].stats["window"].cpu() - cpu_scores).abs().max() <= 1e-4
 
 
 @pytest.mark.slow
