@@ -64,6 +64,9 @@ def observing_sdpa(module, query, key, value, attention_mask, **kwargs):
 
 
 def _observing_sdpa(module, query, key, value, attention_mask, **kwargs):
+    forward = kwargs.get(FORWARD_KWARG)
+    if getattr(forward, "batched", False):  # many sessions in one forward (rows.py): each row on its own cache
+        return forward.attention(module, query, _observing_sdpa, **kwargs)
     if attention_mask is not None and attention_mask.shape[-1] > key.shape[2]:
         # layers hold different token counts (per-layer budgets) but end at one position: the mask,
         # built for the cache's position length, is this layer's on its last columns

@@ -19,6 +19,7 @@ from .compiled import compiled_decode
 from .decoding import HandOver, eos_set, pick
 from .positions import TurnPositions
 from .rope import rerotate
+from .rows import Row
 from .spec import PolicySpec, Recall, as_spec
 from .store import SpanStore
 
@@ -37,6 +38,17 @@ class TurnStats:
         question's prefill, whose time is the time to first token, so `decoded` tokens took `decoded - 1`
         decode steps. 0.0 when there was none."""
         return (self.decoded - 1) / self.decode_s if self.decoded > 1 and self.decode_s > 0 else 0.0
+
+
+@dataclass
+class Question:
+    """A question between `begin_question` and `question_done`: what recall linked and spent, the cache marks it
+    leaves by (keep=False), whether its prefill evicts."""
+
+    linked: list
+    recall_s: float
+    forget_at: list | None
+    evict: bool
 
 
 class StreamSession:
@@ -120,22 +132,34 @@ class StreamSession:
     def _prefill(self, input_ids, inputs_embeds, evict: bool, store: bool, meta: dict | None,
                  vision: tuple[int, int] | None = None, all_logits: bool = False,
                  positions: TurnPositions | None = None) -> torch.Tensor:
-        held = int(self._pending is not None)
-        input_ids, inputs_embeds = self._with_pending(input_ids, inputs_embeds)
-        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-        stats = TurnStats()
-        t0 = self._clock()
-        kwargs = {"input_ids": input_ids} if input_ids is not None else {"inputs_embeds": inputs_embeds}
+        turn = self.turn_row(input_ids, inputs_embeds, vision, positions)
+        kwargs = {"input_ids": turn.tokens} if turn.tokens.dim() == 2 else {"inputs_embeds": turn.tokens}
         kwargs["logits_to_keep"] = 0 if all_logits else 1  # 0: every position
+        t0 = self._clock()
         marks = self.cache.mark()
-        with self.cache.forward(length, turn=self.turns, positions=positions, held=held, batch=self.batch,
-                                vision_end=None if vision is None else vision[1] + held, device=self.device) as fwd:
+        with self.cache.forward(turn.length, batch=self.batch, device=self.device, **turn.forward) as fwd:
             try:
                 out = self.model(**kwargs, **fwd.kwargs, past_key_values=self.cache, use_cache=True)
             except BaseException:  # a turn that fails (out of memory, Ctrl-C) leaves the session as it was
                 self.cache.rollback(marks)
                 raise
+        self.turn_done(out.logits[:, -1], turn.length, t0, evict, store, meta)
+        return out.logits
+
+    def turn_row(self, input_ids, inputs_embeds, vision: tuple[int, int] | None = None,
+                 positions: TurnPositions | None = None) -> Row:
+        """The turn as the cache takes it: the held-back answer token in front, and what its forward is told."""
+        held = int(self._pending is not None)
+        input_ids, inputs_embeds = self._with_pending(input_ids, inputs_embeds)
+        tokens = input_ids if input_ids is not None else inputs_embeds
+        return Row(self.cache, tokens, {"turn": self.turns, "positions": positions, "held": held,
+                                        "vision_end": None if vision is None else vision[1] + held})
+
+    def turn_done(self, logits: torch.Tensor, length: int, t0: float, evict: bool = True, store: bool = True,
+                  meta: dict | None = None) -> None:
+        """After a turn's forward (`logits`: its last position's, (B, V)): store it for recall, evict, count it."""
         self._pending = None
+        stats = TurnStats()
         t1 = self._clock()
         if self.recall is not None and store:
             self.store.add(recall_.make_span(self.cache, self.turns, length, self.recall, meta or {}))
@@ -144,9 +168,8 @@ class StreamSession:
         stats.prefill_s, stats.evict_s = t1 - t0, self._clock() - t1
         self.seen += length
         self.turns += 1
-        self._logits = out.logits[:, -1]
+        self._logits = logits
         self.last = stats
-        return out.logits
 
     def _clock(self) -> float:
         """A prefill's kernels are not timed as the eviction after it."""
@@ -173,6 +196,15 @@ class StreamSession:
         keep=False: the question and its answer leave the cache when the next turn begins (nothing is
         evicted for them), so an answer about one clip cannot sway the next question about another;
         policies that evict while decoding keep them."""
+        question = self.begin_question(input_ids, probe_ids, named, oracle, keep)
+        logits = self._prefill(input_ids, None, evict=question.evict, store=False, meta=None, all_logits=all_logits)
+        self.question_done(question)
+        return logits
+
+    def begin_question(self, input_ids: torch.Tensor, probe_ids: torch.Tensor | None = None,
+                       named: Callable[[dict], bool] | None = None, oracle: Callable[[dict], bool] | None = None,
+                       keep: bool = True) -> "Question":
+        """Everything of a question before its prefill: the last answer ends, recall links what it needs."""
         self.last_recalled = []
         self._end_answer()
         self._forget_question()
@@ -187,14 +219,12 @@ class StreamSession:
                 keys = self._question_keys(probe_ids if probe_ids is not None else input_ids)
             chosen = recall_.choose(self.store, resident, self.recall, keys, named, oracle)
             linked = recall_.link(self.cache, self.store, chosen, self.recall.at)
-        spent = self.clock() - t0
-        marks = None if keep else self.cache.mark()
-        logits = self._prefill(input_ids, None, evict=keep and not linked, store=False, meta=None,
-                               all_logits=all_logits)
-        self._forget_at = marks
-        self.last.recall_s = spent
-        self.last_recalled = [(i, self.store.spans[i].meta) for i in linked if i in self.store]
-        return logits
+        return Question(linked, self.clock() - t0, None if keep else self.cache.mark(), keep and not linked)
+
+    def question_done(self, question: "Question") -> None:
+        self._forget_at = question.forget_at
+        self.last.recall_s = question.recall_s
+        self.last_recalled = [(i, self.store.spans[i].meta) for i in question.linked if i in self.store]
 
     def restore(self) -> list[int]:
         """Rebuild the cache after a restart from a reopened store: the newest stored turns that fit in

@@ -1,0 +1,189 @@
+"""Many streams on one model (issue 46): the session pool against the same streams run one after another through
+one lock, as the app served them before it, in the same run.
+
+decode: SmolLM2-135M (fp32), `inf_mllm` at budget 1,024, N = 1, 2, 4, 8 streams, each its own session filled
+past its budget with its own stretch of the Gutenberg corpus. Every round all N streams ask at once (a plain
+question, then 32 answer tokens, no end token). Pool: one thread per stream on a `SessionPool` (questions
+prefilled together, decode steps batched). Lock: the same questions answered one stream after another on lone
+sessions. Per mode and N: aggregate decode tokens/s (tokens after each stream's first, over the time from the last
+first token to the last token; for the lock, over the sum of the streams' decode times), time to first token
+p50/p95 over every stream and round (from the moment all asked), the pool's decode step beside its bandwidth
+floor ((weights + N x the streams' KV bytes) / the read bandwidth measured here), and memory per stream.
+
+ingest: tiny-vlm, 4 streams of the bundled clip played at real time at 1 fps through the turn engine on one pool,
+each asking a question every 10 s of video: each stream's ingest speed (x real time), clips dropped, answers.
+"""
+
+import statistics
+import threading
+import time
+
+import torch
+from tqdm import tqdm
+
+from inf_mllm.loader import load_model
+from inf_mllm.pool import SessionPool
+from inf_mllm.session import StreamSession
+
+from .common import print_table, record, write
+from .corpus import token_stream
+
+BUDGET = 1024
+FILL = 1200  # tokens streamed into each session before it is asked: past the budget, so eviction has run
+ANSWER = 32
+QUESTIONS = ["What did the last lines say about the garden?", "Who was speaking just now?",
+             "Summarise the passage in a few words.", "What happened before the storm?"]
+
+
+def run(args):
+    counts = [1, 2, 4] if args.quick else [1, 2, 4, 8]
+    rounds = 2 if args.quick else 4
+    model, tok = load_model()
+    bandwidth = read_bandwidth()
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    records = []
+    for n in tqdm(counts, desc="streams"):
+        for mode in ("lock", "pool"):
+            result = decode_round(model, tok, n, mode, rounds)
+            floor_ms = (weights + n * result["kv_bytes"]) / bandwidth * 1e3
+            for metric, value in [("tokens_per_s", result["aggregate"]),
+                                  ("ttft_s", result["ttft_p50"]), ("ttft_p95_s", result["ttft_p95"]),
+                                  ("decode_ms_per_token", result["step_ms"]), ("floor_ms_per_token", floor_ms),
+                                  ("decode_vs_floor", result["step_ms"] / floor_ms),
+                                  ("kv_mb", result["kv_bytes"] / 2**20),
+                                  ("bound_mb", result["bound"] / 2**20)]:
+                records.append(record("streams", mode, BUDGET, metric, round(value, 4), n))
+    one, one_ttft = _value(records, "pool", 1, "tokens_per_s"), _value(records, "pool", 1, "ttft_p95_s")
+    for n in counts:  # ratios within this run: the pool against one stream, and against the lock at the same N
+        tokens = _value(records, "pool", n, "tokens_per_s")
+        records += [record("streams", "pool tokens/s vs one stream", BUDGET, "ratio", round(tokens / one, 3), n),
+                    record("streams", "pool ttft p95 vs one stream", BUDGET, "ratio",
+                           round(_value(records, "pool", n, "ttft_p95_s") / one_ttft, 3), n),
+                    record("streams", "pool tokens/s vs lock", BUDGET, "ratio",
+                           round(tokens / _value(records, "lock", n, "tokens_per_s"), 3), n)]
+    records.append(record("streams", "memory", None, "read_gb_s", round(bandwidth / 1e9, 2), 0))
+    if not args.quick:
+        records += ingest(streams=4)
+    print_table(records, sorted({r["metric"] for r in records}))
+    write(args.out, "streams", records, ["tokens_per_s", "ttft_p95_s"], x_label="streams")
+
+
+def _value(records, policy, n, metric):
+    return next(r["value"] for r in records if r["policy"] == policy and r["x"] == n and r["metric"] == metric)
+
+
+def read_bandwidth() -> float:
+    """Bytes per second a sum over 512 MB reads, median of 5: the floor a decode step's weight reads meet."""
+    x = torch.ones(2**27)
+    times = []
+    for _ in range(6):
+        t0 = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - t0)
+    return x.nbytes / statistics.median(times[1:])
+
+
+def filled_sessions(model, tok, n: int) -> list[StreamSession]:
+    ids = token_stream(tok, FILL * n)
+    sessions = []
+    for i in range(n):
+        session = StreamSession(model, tok, "inf_mllm", budget=BUDGET)
+        session.cache.reserve(64 + ANSWER)
+        own = ids[i * FILL:(i + 1) * FILL][None]
+        for start in range(0, FILL, 200):
+            session.append(own[:, start:start + 200])
+        sessions.append(session)
+    return sessions
+
+
+def decode_round(model, tok, n: int, mode: str, rounds: int) -> dict:
+    sessions = filled_sessions(model, tok, n)
+    pool = SessionPool(model, tok) if mode == "pool" else None
+    streams = [pool.admit(s) for s in sessions] if pool else sessions
+    bound = pool.bound(sessions[0]) if pool else 0
+    ttfts, decode_tokens, decode_s, steps = [], 0, 0.0, []
+    for r in range(rounds):
+        asks = [tok(QUESTIONS[(i + r) % len(QUESTIONS)], return_tensors="pt").input_ids for i in range(n)]
+        firsts, lasts = ask_together(streams, asks, together=pool is not None)
+        if pool:
+            span = max(lasts) - max(firsts)
+        else:
+            span = sum(last - first for first, last in zip(firsts, lasts, strict=True))
+        ttfts += firsts
+        decode_tokens += n * (ANSWER - 1)
+        decode_s += span
+        steps.append(span / (ANSWER - 1) * 1e3)  # pool: one batched step per answer token
+    if pool:
+        pool.close()
+    ttfts.sort()
+    return {"aggregate": decode_tokens / decode_s, "ttft_p50": statistics.median(ttfts),
+            "ttft_p95": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
+            "step_ms": statistics.median(steps) if pool else decode_s / decode_tokens * 1e3,
+            "kv_bytes": statistics.mean(s.kv_bytes for s in sessions), "bound": bound}
+
+
+def ask_together(streams, asks, together: bool) -> tuple[list[float], list[float]]:
+    """Each stream's time to its first and its last answer token, from the moment all asked (at once on threads, or
+    one after another)."""
+    n = len(streams)
+    firsts, lasts = [0.0] * n, [0.0] * n
+    t0 = time.perf_counter()
+
+    def answer(i):
+        streams[i].append_question(asks[i])
+        for k, _ in enumerate(streams[i].generate(ANSWER, eos_token_id=[])):
+            if k == 0:
+                firsts[i] = time.perf_counter() - t0
+        lasts[i] = time.perf_counter() - t0
+
+    if not together:
+        for i in range(n):
+            answer(i)
+        return firsts, lasts
+    threads = [threading.Thread(target=answer, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return firsts, lasts
+
+
+def ingest(streams: int) -> list[dict]:
+    """4 streams of the bundled clip at real time through the engine on one pool, a question every 10 s each."""
+    from models import load_adapter
+    from streaming import budgets
+    from streaming.engine import TurnEngine
+    from streaming.questions import Question, Schedule
+    from streaming.sources import FileSource, bundled_clip
+
+    vlm = load_adapter("tiny-vlm")
+    pool = SessionPool(vlm.model, vlm.tokenizer)
+    engines, results = [], [None] * streams
+    for _ in range(streams):
+        session = pool.call(None, vlm.new_session, "inf_mllm", budget=512)
+        session.cache.reserve(budgets.headroom(vlm, 16))
+        engines.append(TurnEngine(vlm, pool.admit(session), drop_when_full=True))
+    duration = FileSource(bundled_clip()).duration
+
+    def play(i):
+        source = FileSource(bundled_clip(), fps=1.0, realtime=True)
+        schedule = Schedule([Question("What is in the video?", at=float(t)) for t in range(10, int(duration), 10)])
+        answers = list(engines[i].run(source, schedule))
+        results[i] = (engines[i].telemetry, answers)
+
+    threads = [threading.Thread(target=play, args=(i,)) for i in range(streams)]
+    t0 = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - t0
+    pool.close()
+    out = []
+    for i, (telemetry, answers) in enumerate(results):
+        for metric, value in [("ingest_speed", telemetry.ingest_speed), ("clips", telemetry.clips),
+                              ("dropped", telemetry.dropped), ("answers", len(answers)),
+                              ("ttft_s", statistics.median(a.ttft_s for a in answers) if answers else 0.0),
+                              ("video_s", telemetry.video_s), ("wall_s", wall)]:
+            out.append(record("streams_ingest", f"stream {i + 1}", 512, metric, round(value, 4), streams))
+    return out

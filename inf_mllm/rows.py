@@ -1,0 +1,145 @@
+"""Many sessions in one forward: row r of the batch is session r's turn or decode step, on its own cache.
+
+A bounded cache needs no paging to share a model: each session keeps its own `StreamingCache`, with its own
+policy, budget, positions and statistics. One batched forward runs the model's weights once for every row (at
+a decode step, reading the weights is nearly all the work, so N rows cost little more than one); only attention
+is per row, and it is each row's own: the rows' caches are opened as if each ran alone (`cache.forward`), the
+per-layer `RowsLayer` appends row r's new keys to session r's layer, and the attention function (attention.py)
+runs row r's queries on that layer's keys through the same observing SDPA the session would use alone. Rows of
+different lengths are left-padded: every row's last token is the batch's last position, padding is written
+nowhere and attended by nobody.
+"""
+
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .attention import FORWARD_KWARG, use_observing_attention
+
+
+@dataclass
+class Row:
+    """One session's part of a batched forward: its new tokens (ids (1, L) or embeddings (1, L, E)) and what its
+    cache is told of them (`cache.forward`'s arguments)."""
+
+    cache: object
+    tokens: torch.Tensor
+    forward: dict = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return self.tokens.shape[1]
+
+
+@dataclass
+class RowsForward:
+    """What the attention function gets for a batched forward: each row's own open forward and, for the layer
+    running now, each row's whole keys and values after its update."""
+
+    rows: list  # the rows' cache.Forward objects
+    lengths: list[int]
+    kv: list = field(default_factory=list)
+    batched = True
+
+    def attention(self, module, query, attend, **kwargs):
+        """Row r's queries (its last lengths[r] positions) on row r's keys, through `attend` (the observing SDPA)
+        with row r's own forward; the outputs left-padded back into one (B, L, Hq, D) tensor."""
+        total = query.shape[2]
+        outs = []
+        for r, (n, own) in enumerate(zip(self.lengths, self.rows, strict=True)):
+            keys, values = self.kv[r]
+            mask = None
+            if n > 1:  # causal, aligned to the end: the row's queries are its last n positions
+                q_pos = torch.arange(keys.shape[2] - n, keys.shape[2], device=query.device)
+                mask = (torch.arange(keys.shape[2], device=query.device)[None, :] <= q_pos[:, None])[None, None]
+            out, _ = attend(module, query[r:r + 1, :, total - n:], keys, values, mask, **{**kwargs, FORWARD_KWARG: own})
+            if n < total:
+                out = torch.cat([out.new_zeros(1, total - n, *out.shape[2:]), out], dim=1)
+            outs.append(out)
+        return torch.cat(outs, dim=0), None
+
+
+class RowsLayer(CacheLayerMixin):
+    """Layer i of the batch: appends row r's new keys (its last `lengths[r]` positions) to row r's layer i."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, index: int, caches: list, state: RowsForward):
+        super().__init__()
+        self.index, self.caches, self.state = index, caches, state
+        self.is_initialized = True
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        pass
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        total = key_states.shape[2]
+        self.state.kv = [cache.layers[self.index].update(key_states[r:r + 1, :, total - n:],
+                                                         value_states[r:r + 1, :, total - n:])
+                         for r, (cache, n) in enumerate(zip(self.caches, self.state.lengths, strict=True))]
+        return key_states, value_states  # the attention function reads the rows' own keys from `state.kv`
+
+    def get_seq_length(self) -> int:
+        return max(cache.get_seq_length(self.index) for cache in self.caches)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.get_seq_length() + query_length, 0  # the model's mask is not used: each row builds its own
+
+    def get_max_length(self) -> int:
+        return -1
+
+
+class RowsCache(Cache):
+    def __init__(self, caches: list, state: RowsForward):
+        super().__init__(layers=[RowsLayer(i, caches, state) for i in range(len(caches[0].layers))])
+
+
+@torch.inference_mode()
+def forward_rows(model, rows: list[Row], device=None) -> torch.Tensor:
+    """One forward of `model` over every row, each on its own cache; returns each row's last logits (B, V).
+
+    All rows give ids or all give embeddings. A row whose forward fails leaves no cache changed: every cache is
+    rolled back if the call raises."""
+    device = device or model.device
+    use_observing_attention(model)  # the rows' attention is dispatched there (plain SDPA where nothing observes)
+    total = max(row.length for row in rows)
+    embeds = rows[0].tokens.dim() == 3
+    marks = [row.cache.mark() for row in rows]
+    with ExitStack() as stack:
+        opened = [stack.enter_context(row.cache.forward(row.length, batch=1, device=device, **row.forward))
+                  for row in rows]
+        state = RowsForward([fwd for fwd in opened], [row.length for row in rows])
+        positions = torch.cat([_positions(row, fwd, total, device) for row, fwd in zip(rows, opened, strict=True)],
+                              dim=-2)
+        inputs = torch.cat([_left_padded(row.tokens.to(device), total) for row in rows], dim=0)
+        kwargs = {"inputs_embeds" if embeds else "input_ids": inputs}
+        try:
+            out = model(**kwargs, position_ids=positions, past_key_values=RowsCache([r.cache for r in rows], state),
+                        use_cache=True, logits_to_keep=1, **{FORWARD_KWARG: state})
+        except BaseException:
+            for row, mark in zip(rows, marks, strict=True):
+                row.cache.rollback(mark)
+            raise
+    return out.logits[:, -1]
+
+
+def _left_padded(tokens: torch.Tensor, total: int) -> torch.Tensor:
+    pad = total - tokens.shape[1]
+    if pad == 0:
+        return tokens
+    return torch.cat([tokens.new_zeros(tokens.shape[0], pad, *tokens.shape[2:]), tokens], dim=1)
+
+
+def _positions(row: Row, fwd, total: int, device) -> torch.Tensor:
+    """The row's position ids, left-padded with its first: (1, total), or (axes, 1, total) under multimodal RoPE."""
+    own = fwd.kwargs.get("position_ids")
+    if own is None:  # 1-D RoPE: the model's default, the cache's next position onwards
+        start = row.cache.get_seq_length()
+        own = torch.arange(start, start + row.length, device=device)[None]
+    pad = total - own.shape[-1]
+    if pad:
+        own = torch.cat([own[..., :1].expand(*own.shape[:-1], pad), own], dim=-1)
+    return own.to(device)
