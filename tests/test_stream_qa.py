@@ -234,3 +234,31 @@ def test_the_demo_asks_in_plain_words_and_recalls_the_start():
     assert start["looked_up"].startswith("the start: clip 1") and [c["clip"] for c in start["recalled"]] == [1]
     when = rows["when did the bicycle appear?"]
     assert when["source"] == "clip log" and re.fullmatch(r"at 0:0\d \(clip \d\)", when["answer"]), when
+
+
+def test_several_sources_answer_in_one_run_each_as_it_would_alone():
+    """Two real videos in one run (one pool, two streams): every answer labelled with its stream, and each stream's
+    answers the ones that video gets alone."""
+    bikes, car = str(bundled_clip("bikes.mp4")), str(bundled_clip("carphone_pristine.mp4"))
+    asked = ["--fast", "--json", "--budget", "256", "--ask", "what is on screen? @2s", "--ask", "is there a car? @4s"]
+    both = run_cli(bikes, car, *asked)
+    assert both.returncode == 0, both.stderr
+    rows = [json.loads(line) for line in both.stdout.splitlines()]
+    labels = sorted((r["stream"], r["input"]) for r in rows)
+    assert labels == [(1, "bikes.mp4")] * 2 + [(2, "carphone_pristine.mp4")] * 2
+    assert "[stream 1 bikes.mp4]" in both.stderr and "[stream 2 carphone_pristine.mp4]" in both.stderr
+    for stream, video in ((1, bikes), (2, car)):
+        alone = run_cli(video, *asked)
+        assert alone.returncode == 0, alone.stderr
+        expected = [(r["question"], r["answer"]) for r in map(json.loads, alone.stdout.splitlines())]
+        assert [(r["question"], r["answer"]) for r in rows if r["stream"] == stream] == expected
+
+
+def test_several_sources_refuse_what_takes_one_in_one_line(tmp_path):
+    bikes = str(bundled_clip("bikes.mp4"))
+    for extra, words in ((["--soak", "5"], "--soak takes one source; 2 were given"),
+                         (["--budget", "auto"], "--budget auto sizes one stream"),
+                         ([str(tmp_path / "missing.mp4")], "no such video file")):
+        args = [bikes, *extra] if extra[0].endswith(".mp4") else [bikes, bikes, *extra]
+        out = run_cli(*args, "--ask", "what is it?")
+        assert out.returncode == 2 and words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
