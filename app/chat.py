@@ -3,6 +3,11 @@
 The engine's model thread answers questions at turn boundaries; this object hands each question's
 tokens to the event that asked it, keeps the memory series for the graph (sampled after every turn)
 and ends everything on `close()` — called when the page leaves or the session idles out.
+
+Every tab's session is a stream of one session pool per model (inf_mllm/pool.py): its clip turns and questions run
+on the pool's thread, and the answers of all tabs decoding at once go through the model together, so a tab's
+answer keeps streaming while another tab's clip goes in. A tab the pool's memory cannot hold is refused when it
+opens, in one line.
 """
 
 import queue
@@ -16,18 +21,20 @@ import psutil
 import torch
 
 from inf_mllm.policies import policy_options
+from inf_mllm.pool import SessionPool
 from inf_mllm.spec import PolicySpec, parse_budget
 from models import load_adapter, runs_here
-from streaming.budgets import open_session
+from streaming.budgets import headroom, open_session
 from streaming.checks import one_line
 from streaming.engine import Answer, TurnEngine
+from streaming.memory import auto_budget
 from streaming.questions import Question, Schedule
 
 MODELS = runs_here()  # the models that load with no folder (models.ADAPTERS); `python -m app --hf DIR` adds checkpoints
 CHECKPOINTS: dict[str, str] = {}  # model name in the list → transformers checkpoint folder (`--model hf`)
 _adapters: dict[str, object] = {}
+_pools: dict[str, SessionPool] = {}
 _adapters_lock = threading.Lock()
-MODEL_LOCK = threading.Lock()  # one model step at a time across sessions: a second user queues
 
 
 class BadInput(ValueError):
@@ -81,6 +88,18 @@ def shared_adapter(name: str):
         return _adapters[name]
 
 
+def shared_pool(name: str) -> SessionPool:
+    """The one session pool of a model: every tab's stream on it, its caches within the memory free when it opened
+    (the `--budget auto` probe's figure)."""
+    adapter = shared_adapter(name)
+    with _adapters_lock:
+        if name not in _pools:
+            free = auto_budget(None, str(adapter.device))
+            _pools[name] = SessionPool(adapter.model, adapter.tokenizer,
+                                       kv_bytes=max(0, free.free_bytes - free.reserve_bytes))
+        return _pools[name]
+
+
 def add_checkpoint(folder: str) -> str:
     """Offer a transformers checkpoint folder in the model list as "hf:NAME". Loaded now: a folder that cannot
     work fails at start-up, in one line, not in a user's session."""
@@ -91,24 +110,6 @@ def add_checkpoint(folder: str) -> str:
         CHECKPOINTS[name] = folder
         MODELS.append(name)
     return name
-
-
-class _Serialized:
-    """The adapter seen through MODEL_LOCK: clip turns and answers of all sessions take turns."""
-
-    def __init__(self, adapter):
-        self.adapter = adapter
-
-    def __getattr__(self, name):
-        return getattr(self.adapter, name)
-
-    def append_clip(self, *args, **kwargs):
-        with MODEL_LOCK:
-            return self.adapter.append_clip(*args, **kwargs)
-
-    def ask(self, *args, **kwargs):
-        with MODEL_LOCK:
-            yield from self.adapter.ask(*args, **kwargs)
 
 
 class _LockedSchedule(Schedule):
@@ -147,13 +148,15 @@ class Chat:
         self.settings, self.label = settings, label
         spec, budget = settings.spec(), settings.budget_value()
         self.adapter = shared_adapter(settings.model).fork()
-        with MODEL_LOCK:
-            try:
-                session, _ = open_session(self.adapter, spec, budget, settings.max_new_tokens)
-            except ValueError as err:  # too small a budget, a bad window: the one check stream-qa makes too
-                raise BadInput(one_line(err).removeprefix("--")) from err
+        pool = shared_pool(settings.model)
+        try:  # the system prompt's prefill, on the pool's thread
+            session, _ = pool.call(None, open_session, self.adapter, spec, budget, settings.max_new_tokens)
+            session.cache.reserve(headroom(self.adapter, settings.max_new_tokens))
+            session = pool.admit(session)
+        except ValueError as err:  # too small a budget, a bad window, no room in the pool: as stream-qa says it
+            raise BadInput(one_line(err).removeprefix("--")) from err
         self.session = session
-        self.engine = TurnEngine(_Serialized(self.adapter), session, clip_seconds=settings.clip_seconds,
+        self.engine = TurnEngine(self.adapter, session, clip_seconds=settings.clip_seconds,
                                  max_new_tokens=settings.max_new_tokens)
         self.source = make_source(self.engine.stop)
         self.engine.drop_when_full = self.source.live
@@ -245,4 +248,6 @@ class Chat:
         self.engine.close()
         self.thread.join(timeout=10)
         if not self.thread.is_alive():  # Gradio may hold a closed tab's state for an hour: let the cache go now
+            if self.session is not None:
+                self.session.close()  # its room in the pool is free for the next tab
             self.session = self.engine.session = None

@@ -1,8 +1,9 @@
 """The page: a source and a player on the left, the chat and the live memory graph on the right.
 
 Every browser session keeps its own `Chat` in a `gr.State` (released when the page leaves or after
-`idle_s` without a question or a start). Events that run the model share one concurrency group, so a
-second user's question waits in Gradio's queue (its position shown) instead of interleaving.
+`idle_s` without a question or a start). Events that run the model share one concurrency group of
+`MODEL_EVENTS` at once: every tab's session is a stream of one session pool (chat.py), which batches the
+answers that decode together, so a second user's question is answered beside the first, not after it.
 """
 
 import json
@@ -28,6 +29,7 @@ VIDEO_TYPES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi"}
 MAX_QUESTION = 2000
 TRANSCRIPTS = Path(tempfile.gettempdir()) / "inf_mllm_app"
 MODEL_GROUP = "model"
+MODEL_EVENTS = 8  # tabs starting or asking at once; their model work meets in the session pool
 MAX_POINTS = 400  # per plotted line
 
 
@@ -250,7 +252,7 @@ def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 
         kind.change(show, kind, [clip, upload, camera, webcam, player], api_name=False)
         controls = [kind, clip, upload, camera, model, policy, budget, bias, window]
         go.click(start, [chat, chatbot, *controls], [chat, chatbot, player], api_name="start",
-                 concurrency_id=MODEL_GROUP, concurrency_limit=1)
+                 concurrency_id=MODEL_GROUP, concurrency_limit=MODEL_EVENTS)
 
         def restart(c, history, kind, clip, upload, camera, model, policy, budget, bias, window,
                     request: gr.Request = None):

@@ -10,8 +10,9 @@ first token to the last token; for the lock, over the sum of the streams' decode
 p50/p95 over every stream and round (from the moment all asked), the pool's decode step beside its bandwidth
 floor ((weights + N x the streams' KV bytes) / the read bandwidth measured here), and memory per stream.
 
-ingest: tiny-vlm, 4 streams of the bundled clip played at real time at 1 fps through the turn engine on one pool,
-each asking a question every 10 s of video: each stream's ingest speed (x real time), clips dropped, answers.
+ingest: tiny-vlm, 4 streams of the bundled clip (looped to a minute) played at real time at 1 fps through the turn
+engine on one pool, each asking a plain question every 10 s of video: each stream's ingest speed (x real time),
+clips dropped, answers and their median time to first token.
 """
 
 import statistics
@@ -31,6 +32,9 @@ from .corpus import token_stream
 BUDGET = 1024
 FILL = 1200  # tokens streamed into each session before it is asked: past the budget, so eviction has run
 ANSWER = 32
+LOOPS = 6  # the bundled clip (10 s) played 6 times: a minute of video per stream, a question every 10 s
+QUESTIONS_SEEN = ["what is on screen?", "is there a bicycle now?", "did you see a person?", "what was on screen at "
+                  "the start?", "is there a car?"]
 QUESTIONS = ["What did the last lines say about the garden?", "Who was speaking just now?",
              "Summarise the passage in a few words.", "What happened before the storm?"]
 
@@ -163,11 +167,12 @@ def ingest(streams: int) -> list[dict]:
         session = pool.call(None, vlm.new_session, "inf_mllm", budget=512)
         session.cache.reserve(budgets.headroom(vlm, 16))
         engines.append(TurnEngine(vlm, pool.admit(session), drop_when_full=True))
-    duration = FileSource(bundled_clip()).duration
+    duration = FileSource(bundled_clip()).duration * LOOPS
 
     def play(i):
-        source = FileSource(bundled_clip(), fps=1.0, realtime=True)
-        schedule = Schedule([Question("What is in the video?", at=float(t)) for t in range(10, int(duration), 10)])
+        source = FileSource(bundled_clip(), fps=1.0, realtime=True, loops=LOOPS)
+        schedule = Schedule([Question(QUESTIONS_SEEN[(i + k) % len(QUESTIONS_SEEN)], at=float(t))
+                             for k, t in enumerate(range(10, int(duration), 10))])
         answers = list(engines[i].run(source, schedule))
         results[i] = (engines[i].telemetry, answers)
 

@@ -131,16 +131,20 @@ def detach_stdout() -> None:
 
 class CheckedStdout:
     """stdout for the answers: a write that fails for lack of space or a dead device is one user-facing line
-    (`OutputError`), not an internal error. A reader that left (EPIPE) stays a BrokenPipeError: exit 141."""
+    (`OutputError`), not an internal error. A reader that left (EPIPE) stays a BrokenPipeError: exit 141. It knows
+    whether a line is open, so a stop mid-answer can end that line, marked as cut, before exiting."""
 
     def __init__(self, stream):
         self.stream = stream
+        self.mid_line = False  # the last write left a line open (an answer being streamed)
 
     def _fault(self, err: OSError) -> OutputError:
         return OutputError(f"cannot write the answers to stdout ({err.strerror or err}); the answers given so far "
                            f"are above (and in the session transcript with --session)")
 
     def write(self, text: str) -> int:
+        if text:
+            self.mid_line = not text.endswith("\n")
         try:
             return self.stream.write(text)
         except BrokenPipeError:

@@ -185,12 +185,18 @@ def main(argv=None) -> int:
         return _main(args, argv)
 
 
+CUT = " [cut: stopped]\n"  # ends an answer a stop interrupted, so a reader of lines sees whole lines
+
+
 def _main(args, argv) -> int:
+    out = None
     try:
         out = checked_stdout()  # before anything opens a file: a closed fd 1 would be handed to it
         return _run(args, out)
     except KeyboardInterrupt as stop:
         try:
+            if out is not None and out.mid_line:
+                out.stream.write(CUT)
             sys.stdout.flush()
         except (BrokenPipeError, OSError, ValueError, AttributeError):
             detach_stdout()

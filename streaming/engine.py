@@ -270,8 +270,9 @@ class TurnEngine:
             return "; out of memory: " + ("a full cache cannot shrink" if old is None else
                                           f"{tried} tighter budgets did not help" if tried else
                                           "the budget is at its floor")
+        on_model_thread = getattr(self.session, "run", None)  # a pooled session's cache is its pool thread's to touch
         with torch.inference_mode():
-            cache.shrink(new)
+            on_model_thread(cache.shrink, new) if on_model_thread else cache.shrink(new)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         self.telemetry.oom_retries += 1

@@ -262,3 +262,25 @@ def test_several_sources_refuse_what_takes_one_in_one_line(tmp_path):
         args = [bikes, *extra] if extra[0].endswith(".mp4") else [bikes, bikes, *extra]
         out = run_cli(*args, "--ask", "what is it?")
         assert out.returncode == 2 and words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGQUIT"])
+def test_a_stop_mid_answer_ends_stdout_at_a_line_boundary(name):
+    """Text output: the signal comes right after a question's line, while its answer is being written; stdout ends
+    with a whole line, and an answer the stop cut is marked as cut."""
+    from streaming.cli import CUT
+
+    signum = getattr(signal, name)
+    proc = subprocess.Popen([*STREAM_QA, str(bundled_clip("bikes.mp4")), "--loop", "30", "--every", "2s",
+                             "--question", "what is on screen?", "--max-new-tokens", "16", "--policy", "inf_mllm"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = proc.stdout.readline()
+    assert "Q: what is on screen?" in first
+    proc.send_signal(signum)
+    rest, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, err[-2000:]
+    out = first + rest
+    assert out.endswith("\n")
+    for line in out.splitlines():
+        if line.lstrip().startswith("A:"):  # an answer line: whole, or marked as cut
+            assert "to first token" in line or line.endswith(CUT.strip()), out
