@@ -95,7 +95,7 @@ def shared_pool(name: str) -> SessionPool:
     with _adapters_lock:
         if name not in _pools:
             free = auto_budget(None, str(adapter.device))
-            _pools[name] = SessionPool(adapter.model, adapter.tokenizer,
+            _pools[name] = SessionPool(adapter.model, adapter.tokenizer, unbounded=True,  # "full": the comparison
                                        kv_bytes=max(0, free.free_bytes - free.reserve_bytes))
         return _pools[name]
 

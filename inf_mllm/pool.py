@@ -58,11 +58,14 @@ class _Question:
 
 
 class SessionPool:
-    """`kv_bytes`: memory the streams' caches may take together (None: no limit); `max_streams`: the most streams."""
+    """`kv_bytes`: memory the streams' caches may take together (None: no limit); `max_streams`: the most streams;
+    `unbounded`: whether a stream with an unbounded cache (policy full, the app's comparison) is admitted beside a
+    memory limit, counted at nothing, its growth its own risk."""
 
-    def __init__(self, model, tokenizer=None, kv_bytes: int | None = None, max_streams: int = 64):
+    def __init__(self, model, tokenizer=None, kv_bytes: int | None = None, max_streams: int = 64,
+                 unbounded: bool = False):
         self.model, self.tokenizer = model, tokenizer
-        self.kv_bytes, self.max_streams = kv_bytes, max_streams
+        self.kv_bytes, self.max_streams, self.unbounded = kv_bytes, max_streams, unbounded
         self.gather_s = 0.005  # how long work that arrives together waits for the rest of it (`_gather`)
         self.streams: dict[int, int] = {}  # id(session) -> its admitted bound in bytes
         self.steps = 0  # batched decode steps run, and the rows they carried
@@ -92,11 +95,11 @@ class SessionPool:
             if len(self.streams) >= self.max_streams:
                 raise PoolFull(f"stream refused: the pool serves {self.max_streams} streams at most")
             if self.kv_bytes is not None:
-                if need is None:
+                if need is None and not self.unbounded:
                     raise PoolFull("stream refused: an unbounded cache (policy full) cannot be admitted to a pool "
                                    "with a memory limit; give it a budget")
                 left = self.kv_bytes - sum(self.streams.values())
-                if need > left:
+                if need is not None and need > left:
                     raise PoolFull(f"stream refused: its cache needs up to {need / 2**20:.0f} MB, {left / 2**20:.0f} "
                                    f"MB of the pool's {self.kv_bytes / 2**20:.0f} MB are left; lower the budget or "
                                    "close a stream")
