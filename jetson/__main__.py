@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--budget", default="512", help="tokens per layer, a size such as 64MB, or auto")
     s.add_argument("--compare-full", type=float, metavar="X", default=0,
                    help="also run a full cache capped at X times the budget's memory")
+    s.add_argument("--streams", type=int, default=1, metavar="N",
+                   help="N copies of the video at once, each its own session on one session pool (default 1)")
     s.add_argument("--fps", type=float, default=1.0)
     s.add_argument("--clip-seconds", type=float, default=1.0)
     s.add_argument("--max-new-tokens", type=int, default=4)

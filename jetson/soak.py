@@ -8,6 +8,8 @@ each flushed as written, so a soak killed by the out-of-memory killer keeps its 
 a warm-up, with its confidence interval, peak KV against the budget, swap, OOM events, and answers
 produced against expected. `--compare-full` adds a full cache capped at a multiple of the budget's
 memory, which climbs until the cap (an out-of-memory stand-in) and shows the difference in one plot.
+`--streams N` soaks N copies of the video at once on one session pool, one verdict per stream (KV flat per stream),
+passing when every stream passes.
 """
 
 import json
@@ -45,6 +47,62 @@ def soak_one(adapter, video, policy: str, budget, rounds: int | None, duration_s
         return run_soak(engine, session, source, schedule, log, rounds=rounds, duration_s=duration_s,
                         sample_s=args.sample_s, device=args.device, label=label, cap_bytes=cap_bytes,
                         extra=lambda: {"tegrastats": teg.latest} if teg.latest else {})
+
+
+def soak_streams(adapter, video, policy: str, budget, rounds: int | None, duration_s: float | None, args, log,
+                 options: dict, streams: int) -> list[dict]:
+    """`streams` copies of the looped video, each its own session on one session pool (inf_mllm/pool.py), soaked
+    together as `soak_one` soaks one: one run per stream (labelled "POLICY stream N"), each sample with that
+    stream's KV beside the process's memory. Ctrl-C stops every stream and keeps what each sampled."""
+    import threading
+
+    from inf_mllm.pool import SessionPool
+    from streaming.budgets import headroom
+    from streaming.engine import TurnEngine
+
+    pool = SessionPool(adapter.model, adapter.tokenizer)
+    per_loop = max(1, math.ceil(FileSource(video, fps=args.fps).duration / args.clip_seconds))
+    loops = math.ceil(rounds / per_loop) + 1 if rounds else 10**9
+    runs, errors, engines, threads = [None] * streams, [], [], []
+    with Tegrastats(interval_ms=int(args.sample_s * 1000)) as teg:
+        for i in range(streams):
+            own = adapter.fork()
+            session = pool.call(None, own.new_session, policy, budget=budget, **options)
+            session.cache.reserve(headroom(own, args.max_new_tokens))
+            pooled = pool.admit(session)
+            engine = TurnEngine(own, pooled, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens)
+            engines.append(engine)
+
+            def soak(i=i, engine=engine, session=pooled):
+                try:
+                    runs[i] = run_soak(engine, session, FileSource(video, fps=args.fps, realtime=False, loops=loops),
+                                       EveryKRounds(args.question_every, args.clip_seconds), log, rounds=rounds,
+                                       duration_s=duration_s, sample_s=args.sample_s, device=args.device,
+                                       label=f"{policy} stream {i + 1}",
+                                       extra=lambda: {"tegrastats": teg.latest} if teg.latest else {})
+                except BaseException as err:  # noqa: BLE001 (raised on the main thread)
+                    errors.append(err)
+
+            threads.append(threading.Thread(target=soak, name=f"soak-{i + 1}", daemon=True))
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(timeout=0.5)  # Ctrl-C reaches the main thread between joins
+        except KeyboardInterrupt:
+            for engine in engines:
+                engine.stop.set()
+            for thread in threads:
+                thread.join(timeout=30)
+            for run in runs:
+                if run is not None:
+                    run["stopped"] = "interrupted"
+        finally:
+            pool.close()
+    if errors:
+        raise errors[0]
+    return [run for run in runs if run is not None]
 
 
 def policy_options(policy: str, budget, window: int | None = None, bias: float | None = None) -> dict:
@@ -100,6 +158,10 @@ def run(args) -> int:
     if not 0 <= args.warmup < 1:
         raise ConfigError(f"--warmup is a fraction of the rounds in [0, 1), got {args.warmup}")
     check_budget(args.budget)
+    if args.streams < 1:
+        raise ConfigError(f"--streams must be at least 1, got {args.streams}")
+    if args.streams > 1 and args.compare_full:
+        raise ConfigError("--compare-full runs beside one stream: leave out --streams")
     duration = parse_duration(args.duration) if args.duration else None
     video = Path(args.video) if args.video else bundled_clip("bikes.mp4")
     FileSource(video, fps=args.fps)  # a bad file fails here, before the model loads
@@ -125,21 +187,26 @@ def run(args) -> int:
                 raise ConfigError("--compare-full needs --budget in tokens")
             plan.append(("full", None, args.compare_full * tokens * per_token, {}))
         for policy, b, cap, options in plan:
-            print(f"soak: {policy}{' (capped)' if cap else ''} on {video.name}, "
+            many = f"{args.streams} streams of " if args.streams > 1 else ""
+            print(f"soak: {many}{policy}{' (capped)' if cap else ''} on {video.name}, "
                   f"{args.rounds or ''}{' rounds' if args.rounds else args.duration}…", file=sys.stderr)
-            r = soak_one(adapter, video, policy, b, args.rounds, duration, args, log, cap, options)
-            v = verdict(r, args)
-            print(describe(v), flush=True)
-            runs.append(r)
-            verdicts.append(v)
-            if r["stopped"] == "interrupted":
+            if args.streams > 1:
+                done = soak_streams(adapter, video, policy, b, args.rounds, duration, args, log, options, args.streams)
+            else:
+                done = [soak_one(adapter, video, policy, b, args.rounds, duration, args, log, cap, options)]
+            for r in done:
+                v = verdict(r, args)
+                print(describe(v), flush=True)
+                runs.append(r)
+                verdicts.append(v)
+            if any(r["stopped"] == "interrupted" for r in done):
                 break
     recs = [rec for r, v in zip(runs, verdicts, strict=True) for rec in records(r, v)]
     write(out, args.name, recs, ["rss_mb", "kv_mb"], x_label="round")
     (out / f"{args.name}_verdict.json").write_text(json.dumps(verdicts, indent=1) + "\n")
     print(f"soak: {out / args.name}.json, .png, _verdict.json and {log_path.name} written", file=sys.stderr)
-    main = verdicts[0]
-    return 0 if main["passed"] else 1
+    main = [v for v in verdicts if v["passed"] is not None]  # every stream's; the capped comparison is not judged
+    return 0 if main and all(v["passed"] for v in main) else 1
 
 
 def _bytes_per_token(adapter) -> int:

@@ -222,6 +222,28 @@ def test_soak_stays_within_budget_and_keeps_every_sample(vlm, tmp_path):
     assert len(slope) == 1 and slope[0]["x"] == 24
 
 
+def test_a_soak_of_two_streams_keeps_each_streams_kv_flat(vlm, tmp_path):
+    """`--streams 2`: two copies of a looped video on one session pool, soaked together; each stream has its own
+    run, its KV within budget + one turn + one answer, every answer given."""
+    from jetson.reliability import write_video
+    from jetson.soak import soak_streams
+
+    video = write_video(tmp_path / "loop.mp4", 64, 64, frames=8, fps=2.0)
+    args = Namespace(fps=1.0, clip_seconds=1.0, max_new_tokens=2, question_every=5, sample_s=0.0, device="cpu",
+                     warmup=0.2)
+    with open(tmp_path / "soak.jsonl", "w") as log:
+        runs = soak_streams(vlm, video, "inf_mllm", 64, 16, None, args, log, {"window": 16}, streams=2)
+    rows = [json.loads(line) for line in (tmp_path / "soak.jsonl").read_text().splitlines()]
+    assert sorted(r["policy"] for r in runs) == ["inf_mllm stream 1", "inf_mllm stream 2"]
+    for run in runs:
+        assert run["rounds"] == 16 and run["answers"] >= run["expected_answers"] == 3 and run["empty_answers"] == 0
+        v = verdict(run, args)
+        assert v["kv_within_bound"] and not v["oom_events"]
+        mine = [r for r in rows if r["policy"] == run["policy"]]
+        assert [r["round"] for r in mine][:16] == list(range(1, 17))
+        assert max(r["kv_tokens"] for r in mine[8:]) <= 64 + run["turn_tokens"] + run["question_tokens"] + 2
+
+
 def test_soak_policy_options_come_from_its_own_arguments():
     """The soak's options are its `--window`/`--bias`; without a window a window policy keeps its default, held
     to a quarter of a token budget (inf_mllm's 64 at budget 64 would be the whole cache)."""
