@@ -73,7 +73,7 @@ class RowsLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states) -> None:
-        pass
+        """Nothing to allocate: each row's own layer holds its keys."""
 
     def update(self, key_states, value_states, *args, **kwargs):
         total = key_states.shape[2]
@@ -111,7 +111,7 @@ def forward_rows(model, rows: list[Row], device=None) -> torch.Tensor:
     with ExitStack() as stack:
         opened = [stack.enter_context(row.cache.forward(row.length, batch=1, device=device, **row.forward))
                   for row in rows]
-        state = RowsForward([fwd for fwd in opened], [row.length for row in rows])
+        state = RowsForward(list(opened), [row.length for row in rows])
         positions = torch.cat([_positions(row, fwd, total, device) for row, fwd in zip(rows, opened, strict=True)],
                               dim=-2)
         inputs = torch.cat([_left_padded(row.tokens.to(device), total) for row in rows], dim=0)

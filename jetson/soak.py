@@ -22,7 +22,7 @@ from streaming.budgets import auto_budget_for
 from streaming.checks import check_budget
 from streaming.errors import ConfigError
 from streaming.questions import QuestionError, parse_time
-from streaming.records import record, write
+from streaming.records import machine, record, write
 from streaming.soak import EveryKRounds, describe, run_soak, verdict
 from streaming.sources import FileSource, bundled_clip
 
@@ -203,7 +203,9 @@ def run(args) -> int:
                 break
     recs = [rec for r, v in zip(runs, verdicts, strict=True) for rec in records(r, v)]
     write(out, args.name, recs, ["rss_mb", "kv_mb"], x_label="round")
-    (out / f"{args.name}_verdict.json").write_text(json.dumps(verdicts, indent=1) + "\n")
+    where = machine()  # each verdict says where it ran, as the records do
+    (out / f"{args.name}_verdict.json").write_text(json.dumps([v | {"machine": where} for v in verdicts], indent=1)
+                                                   + "\n")
     print(f"soak: {out / args.name}.json, .png, _verdict.json and {log_path.name} written", file=sys.stderr)
     main = [v for v in verdicts if v["passed"] is not None]  # every stream's; the capped comparison is not judged
     return 0 if main and all(v["passed"] for v in main) else 1
