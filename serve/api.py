@@ -1,0 +1,319 @@
+"""The HTTP API: open a session, push frames or video (or have the server pull a file or URL), ask questions with
+answers streamed as server-sent events, read telemetry and the transcript, close. OpenAPI docs at /docs.
+
+Every error is JSON, {"error": "one line"}, with its status: 400 bad input, 401 no or wrong token, 403 a file
+outside the media folder, 404 an unknown or closed session, 409 a session that takes no pushed frames, 413 too
+large an upload, 415 a wrong content type, 422 a field out of range, 429 (with Retry-After) past a limit.
+"""
+
+import asyncio
+import contextlib
+import io
+import json
+import secrets
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import numpy as np
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+
+from streaming.hosted import MODELS, Settings, shared_pool
+from streaming.sources import FileSource, SourceError
+
+from .limits import ServerConfig
+from .metrics import CONTENT_TYPE, Metrics
+from .sessions import Refused, Sessions
+
+IMAGE_TYPES = ("image/jpeg", "image/png")
+VIDEO_TYPES = ("video/mp4", "video/webm", "video/x-matroska", "video/quicktime", "video/x-msvideo",
+               "application/octet-stream")
+
+
+class SourceSpec(BaseModel):
+    file: str | None = Field(None, description="a file inside the server's media folder")
+    url: str | None = Field(None, description="an RTSP or HTTP(S) stream")
+    realtime: bool = Field(True, description="play a file at its own speed (false: as fast as the model takes it)")
+    loops: int = Field(1, ge=1, le=1000)
+
+
+class OpenRequest(BaseModel):
+    model: str = "tiny-vlm"
+    policy: str = Field("inf_mllm+recall", description="as stream-qa --policy")
+    budget: str = Field("256", description="as stream-qa --budget: tokens a layer, or a size such as 64MB")
+    bias: float | None = None
+    window: int | None = Field(None, ge=1)
+    fps: float = Field(1.0, gt=0, le=30)
+    clip_seconds: float = Field(2.0, gt=0, le=600)
+    max_new_tokens: int = Field(16, ge=1, le=512)
+    source: SourceSpec | None = Field(None, description="none: the client pushes frames")
+
+
+class AskRequest(BaseModel):
+    text: str = Field(min_length=1, max_length=2000)
+    at: float | None = Field(None, ge=0, description="answer at this video time (seconds), as '… @30s'")
+    stream: bool = Field(True, description="server-sent events (start, token…, answer); false: the record as JSON")
+
+
+def error(status: int, message: str, retry_after: float | None = None) -> JSONResponse:
+    headers = {"Retry-After": f"{max(1, round(retry_after))}"} if retry_after is not None else None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def one_line(text: str) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
+class _ToLoop:
+    """A thread's `put` handed to an asyncio queue on the server's loop (a live session's answer events)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.queue = loop, asyncio.Queue()
+
+    def put(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+def _sse(event: str, data) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+def create_app(config: ServerConfig | None = None) -> FastAPI:
+    config = config or ServerConfig()
+    sessions, metrics = Sessions(config), Metrics()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        for name in config.preload:  # loaded before the first request: a session opens in its prefill's time
+            await run_in_threadpool(shared_pool, name)
+        sweeper = asyncio.create_task(_sweep())
+        yield
+        sweeper.cancel()
+        await run_in_threadpool(sessions.close_all)
+
+    async def _sweep():
+        while True:
+            await asyncio.sleep(min(5.0, config.idle_s))
+            for session_id in sessions.idle():
+                with contextlib.suppress(Refused):
+                    await run_in_threadpool(sessions.close, session_id)
+
+    app = FastAPI(title="stream-qa server", lifespan=lifespan, version="1",
+                  description="Questions about live video, answered from a bounded KV cache (Inf-MLLM).")
+    app.state.sessions, app.state.metrics, app.state.config = sessions, metrics, config
+
+    @app.exception_handler(Refused)
+    async def _refused(request, err: Refused):
+        if err.status == 429:
+            metrics.refused.labels(request.url.path.rsplit("/", 1)[-1] or "root").inc()
+        return error(err.status, err.message, err.retry_after)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request, err: HTTPException):
+        return error(err.status_code, one_line(err.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, err: RequestValidationError):
+        first = err.errors()[0] if err.errors() else {}
+        if first.get("type") == "json_invalid":
+            return error(400, f"malformed JSON: {one_line(first.get('ctx', {}).get('error', 'cannot be read'))}")
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
+        return error(422, f"{where}: {one_line(first.get('msg', 'invalid'))}")
+
+    @app.exception_handler(Exception)
+    async def _bug(request, err: Exception):
+        traceback.print_exception(err, file=sys.stderr)  # the server's log has it; the client gets one line
+        return error(500, f"internal error ({type(err).__name__}); the server's log has the details")
+
+    async def authorised(request: Request) -> None:
+        if config.token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not (given.startswith("Bearer ") and secrets.compare_digest(given[7:].encode(), config.token.encode())):
+            raise Refused(401, "a bearer token is required (Authorization: Bearer …)")
+
+    async def body(request: Request, types: tuple[str, ...]) -> bytes:
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind not in types:
+            raise Refused(415, f"content type {kind or 'none'!r} is not accepted here; send {', '.join(types)}")
+        limit = config.max_upload_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise Refused(413, f"upload of {int(declared) / 2**20:.1f} MB; the limit is {config.max_upload_mb:g} MB")
+        data = bytearray()
+        try:
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > limit:
+                    raise Refused(413, f"upload over the limit of {config.max_upload_mb:g} MB")
+        except ClientDisconnect:
+            raise Refused(400, "the upload ended before its declared length") from None
+        if declared is not None and declared.isdigit() and len(data) < int(declared):
+            raise Refused(400, "the upload ended before its declared length")
+        if not data:
+            raise Refused(400, "the upload is empty")
+        return bytes(data)
+
+    def pushed_to(hosted):
+        if hosted.pushed is None:
+            raise Refused(409, f"this session pulls its own frames ({hosted.source['kind']}); it takes none pushed")
+        return hosted.pushed
+
+    def state(hosted) -> dict:
+        live = hosted.live
+        return {"id": hosted.id, "settings": live.settings.__dict__, "source": hosted.source,
+                "budget_tokens": live.budget_tokens, "telemetry": live.telemetry(),
+                "memory": live.samples[-1] if live.samples else None,
+                "frames_pushed": hosted.pushed.pushed if hosted.pushed else None}
+
+    v1 = [Depends(authorised)]
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"ok": True, "sessions": len(sessions), "models": MODELS}
+
+    @app.get("/metrics", dependencies=v1)
+    async def prometheus():
+        return Response(metrics.render(sessions.all()), media_type=CONTENT_TYPE)
+
+    @app.post("/v1/sessions", status_code=201, dependencies=v1)
+    def open_session(req: OpenRequest):
+        settings = Settings(model=req.model, policy=req.policy, budget=req.budget, bias=req.bias,
+                            window=req.window, fps=req.fps, clip_seconds=req.clip_seconds,
+                            max_new_tokens=req.max_new_tokens)
+        if req.model not in MODELS:
+            raise Refused(400, f"unknown model {req.model!r}; available: {', '.join(MODELS)}")
+        hosted = sessions.open(settings, req.source.model_dump() if req.source else None)
+        return state(hosted)
+
+    @app.get("/v1/sessions/{session_id}", dependencies=v1)
+    async def read_state(session_id: str):
+        return state(sessions.get(session_id))
+
+    @app.get("/v1/sessions/{session_id}/transcript", dependencies=v1)
+    async def transcript(session_id: str):
+        return [a.as_dict() for a in sessions.get(session_id).live.transcript]
+
+    @app.delete("/v1/sessions/{session_id}", dependencies=v1)
+    def close(session_id: str):
+        hosted = sessions.close(session_id)
+        return {"closed": hosted.id, "answers": len(hosted.live.transcript)}
+
+    @app.post("/v1/sessions/{session_id}/frames", status_code=202, dependencies=v1)
+    async def push_frame(session_id: str, request: Request, t: float):
+        pushed = pushed_to(sessions.get(session_id))
+        rgb = await run_in_threadpool(decode_image, await body(request, IMAGE_TYPES))
+        await push(pushed, rgb, t)
+        return {"frames": pushed.pushed, "t": t}
+
+    async def push(pushed, rgb, t):
+        try:
+            took = await run_in_threadpool(pushed.push, rgb, t, config.push_wait_s)
+        except SourceError as err:
+            raise Refused(409 if pushed.ending else 400, str(err)) from None
+        if not took:
+            raise Refused(429, "the model is behind this session's frames; retry shortly", retry_after=1)
+
+    @app.post("/v1/sessions/{session_id}/video", status_code=202, dependencies=v1)
+    async def push_video(session_id: str, request: Request, start: float | None = None):
+        hosted = sessions.get(session_id)
+        pushed = pushed_to(hosted)
+        data = await body(request, VIDEO_TYPES)
+        fps = hosted.live.settings.fps
+        if start is None:
+            start = 0.0 if pushed.last_t is None else pushed.last_t + 1.0 / fps
+        frames = await run_in_threadpool(decode_video, data, fps)
+        first = None
+        for frame in frames:
+            await push(pushed, frame.rgb, start + frame.t)
+            first = start + frame.t if first is None else first
+        return {"frames": pushed.pushed, "from": first, "to": pushed.last_t}
+
+    @app.post("/v1/sessions/{session_id}/end", status_code=202, dependencies=v1)
+    async def end(session_id: str):
+        pushed = pushed_to(sessions.get(session_id))
+        await run_in_threadpool(pushed.end)
+        return {"frames": pushed.pushed, "ended": True}
+
+    @app.post("/v1/sessions/{session_id}/questions", dependencies=v1)
+    async def ask(session_id: str, req: AskRequest):
+        hosted = sessions.get(session_id)
+        if sessions.questions_in_flight() >= config.max_questions:
+            raise Refused(429, f"{config.max_questions} questions are being answered; retry shortly",
+                          retry_after=1)
+        if hosted.live.finished.is_set():
+            raise Refused(409, "this session's stream has ended; it answers no more questions")
+        events = _ToLoop(asyncio.get_running_loop())
+        hosted.live.ask(req.text, req.at, out=events)
+
+        async def answer_events():
+            text = []
+            while True:
+                item = await events.queue.get()
+                if item is None:
+                    yield _sse("error", {"error": "the stream ended before this question's turn"})
+                    return
+                if isinstance(item, tuple):
+                    yield _sse("start", {"video_t": item[1]})
+                elif isinstance(item, str):
+                    text.append(item)
+                    yield _sse("token", {"text": item})
+                else:
+                    metrics.answered(item, hosted.live.telemetry())
+                    yield _sse("answer", item.as_dict())
+                    return
+
+        if req.stream:
+            return StreamingResponse(answer_events(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        last = None
+        async for chunk in answer_events():
+            last = chunk
+        event, data = last.decode().split("\n", 1)
+        record = json.loads(data.removeprefix("data: "))
+        if event == "event: error":
+            raise Refused(409, record["error"])
+        return record
+
+    return app
+
+
+def decode_image(data: bytes) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            if image.format not in ("JPEG", "PNG"):
+                raise Refused(415, f"a frame must be JPEG or PNG, not {image.format}")
+            if image.width * image.height > 40_000_000:
+                raise Refused(413, f"a {image.width}x{image.height} frame is too large (40 megapixels at most)")
+            return np.asarray(image.convert("RGB"))
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+        raise Refused(400, f"the frame is not a readable JPEG or PNG ({one_line(err) or type(err).__name__})") \
+            from None
+
+
+def decode_video(data: bytes, fps: float) -> list:
+    """The frames of an uploaded chunk of video, sampled at `fps`, times from the chunk's start."""
+    with tempfile.NamedTemporaryFile(suffix=".video") as tmp:
+        Path(tmp.name).write_bytes(data)
+        try:
+            frames = list(FileSource(tmp.name, fps=fps))
+        except SourceError as err:
+            raise Refused(400, f"the video cannot be read: {one_line(err).replace(tmp.name, 'the upload')}") \
+                from None
+        except Exception as err:  # a decoder's own failure on damaged bytes
+            raise Refused(400, f"the video cannot be read ({type(err).__name__})") from None
+    if not frames:
+        raise Refused(400, "the video holds no frames")
+    return frames

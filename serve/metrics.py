@@ -1,0 +1,37 @@
+"""Prometheus figures of one server: its sessions, each session's KV bytes, and how fast it answers and ingests."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.sessions = Gauge("stream_qa_sessions", "Sessions open", registry=r)
+        self.kv_bytes = Gauge("stream_qa_kv_bytes", "KV cache bytes held by a session (first 8 characters of its id)",
+                              ["session"], registry=r)
+        self.ttft = Histogram("stream_qa_time_to_first_token_seconds", "Time from a question's turn to its first "
+                              "token", buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=r)
+        self.ingest = Histogram("stream_qa_ingest_speed", "Video seconds ingested per second of ingest work, per "
+                                "answer (>= 1 keeps up with real time)",
+                                buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64), registry=r)
+        self.questions = Counter("stream_qa_questions", "Questions answered", registry=r)
+        self.refused = Counter("stream_qa_refused", "Requests refused with 429", ["reason"], registry=r)
+
+    def answered(self, answer, telemetry: dict) -> None:
+        self.questions.inc()
+        self.ttft.observe(answer.ttft_s)
+        if telemetry.get("ingest_speed"):
+            self.ingest.observe(telemetry["ingest_speed"])
+
+    def render(self, sessions) -> bytes:
+        """The text exposition, session gauges read now."""
+        self.sessions.set(len(sessions))
+        self.kv_bytes.clear()
+        for hosted in sessions:
+            live = hosted.live.session
+            if live is not None:
+                self.kv_bytes.labels(hosted.id[:8]).set(live.kv_bytes)
+        return generate_latest(self.registry)

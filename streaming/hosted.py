@@ -1,0 +1,121 @@
+"""The models a long-running process serves (the app, the HTTP server): each loaded once, with one session pool,
+and the live sessions its viewers or clients open on it.
+
+Every session is a stream of its model's pool (inf_mllm/pool.py): its clip turns and questions run on the pool's
+thread, and the answers of all sessions decoding at once go through the model together, so one viewer's answer
+keeps streaming while another's clip goes in. A session the pool's memory cannot hold is refused when it opens,
+in one line (`BadInput`).
+"""
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from inf_mllm.policies import policy_options
+from inf_mllm.pool import SessionPool
+from inf_mllm.spec import PolicySpec, parse_budget
+from models import load_adapter, runs_here
+
+from .budgets import headroom, open_session
+from .checks import one_line
+from .live import LiveSession
+from .memory import auto_budget
+
+MODELS = runs_here()  # the models that load with no folder (models.ADAPTERS); `python -m app --hf DIR` adds checkpoints
+CHECKPOINTS: dict[str, str] = {}  # model name in the list → transformers checkpoint folder (`--model hf`)
+_adapters: dict[str, object] = {}
+_pools: dict[str, SessionPool] = {}
+_adapters_lock = threading.Lock()
+
+
+class BadInput(ValueError):
+    """Something the user chose or typed cannot work; the message is one line for the chat."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str = "tiny-vlm"
+    policy: str = "inf_mllm+recall"
+    budget: str = "256"
+    bias: float | None = None
+    window: int | None = None
+    fps: float = 1.0
+    clip_seconds: float = 2.0
+    max_new_tokens: int = 16
+
+    def spec(self) -> PolicySpec:
+        """The policy with the bias and window it takes (the page shows both fields for every policy)."""
+        try:
+            spec = PolicySpec.parse(self.policy)
+        except ValueError as err:
+            raise BadInput(one_line(err)) from None
+        names = policy_options(spec)
+        return spec.with_options(**{k: v for k, v in (("bias", self.bias), ("window", self.window))
+                                    if v is not None and k in names})
+
+    def budget_value(self):
+        """Tokens (int), a memory size ("64MB") or "auto"; None for the full cache."""
+        if not self.spec().bounded:
+            return None
+        try:
+            return parse_budget(self.budget)
+        except ValueError as err:
+            raise BadInput(one_line(err)) from None
+
+    def describe(self) -> str:
+        spec = self.spec()
+        budget = f"budget {self.budget}" if spec.bounded else "unbounded"
+        extra = "".join(f", {k} {v}" for k, v in spec.options.items())
+        return f"{self.model}, {self.policy}, {budget}{extra}"
+
+
+def shared_adapter(name: str):
+    """Weights are loaded once per process; each session forks its own stream state."""
+    if name not in MODELS:
+        raise BadInput(f"unknown model {name!r}; available: {', '.join(MODELS)}")
+    with _adapters_lock:
+        if name not in _adapters:
+            _adapters[name] = load_adapter("hf", CHECKPOINTS[name]) if name in CHECKPOINTS else load_adapter(name)
+        return _adapters[name]
+
+
+def shared_pool(name: str) -> SessionPool:
+    """The one session pool of a model: every tab's stream on it, its caches within the memory free when it opened
+    (the `--budget auto` probe's figure)."""
+    adapter = shared_adapter(name)
+    with _adapters_lock:
+        if name not in _pools:
+            free = auto_budget(None, str(adapter.device))
+            _pools[name] = SessionPool(adapter.model, adapter.tokenizer, unbounded=True,  # "full": the comparison
+                                       kv_bytes=max(0, free.free_bytes - free.reserve_bytes))
+        return _pools[name]
+
+
+def add_checkpoint(folder: str) -> str:
+    """Offer a transformers checkpoint folder in the model list as "hf:NAME". Loaded now: a folder that cannot
+    work fails at start-up, in one line, not in a user's session."""
+    name = f"hf:{Path(folder).expanduser().resolve().name}"
+    if name not in MODELS:
+        with _adapters_lock:
+            _adapters[name] = load_adapter("hf", folder)
+        CHECKPOINTS[name] = folder
+        MODELS.append(name)
+    return name
+
+
+class HostedSession(LiveSession):
+    """A viewer's or client's live session on its model's shared pool, opened from its settings."""
+
+    def __init__(self, settings: Settings, make_source, label: str):
+        self.settings = settings
+        spec, budget = settings.spec(), settings.budget_value()
+        adapter = shared_adapter(settings.model).fork()
+        pool = shared_pool(settings.model)
+        try:  # the system prompt's prefill, on the pool's thread
+            session, _ = pool.call(None, open_session, adapter, spec, budget, settings.max_new_tokens)
+            session.cache.reserve(headroom(adapter, settings.max_new_tokens))
+            session = pool.admit(session)
+        except ValueError as err:  # too small a budget, a bad window, no room in the pool: as stream-qa says it
+            raise BadInput(one_line(err).removeprefix("--")) from err
+        super().__init__(adapter, session, make_source, label, clip_seconds=settings.clip_seconds,
+                         max_new_tokens=settings.max_new_tokens)

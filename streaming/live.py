@@ -1,0 +1,159 @@
+"""A live session: one stream's turn engine on a thread of its own, asked questions at any time.
+
+The interactive front ends (the app's tabs, the HTTP server) each hold one per viewer or client: frames arrive
+from a source while the engine's model thread answers questions at turn boundaries; each question gets a queue
+that receives ("start", video_t), the answer's text pieces, then the `Answer` (None if the stream ended first).
+Memory is sampled after every turn for the graphs and telemetry; `close()` ends ingest and the engine and frees
+the cache's room in its pool.
+"""
+
+import queue
+import threading
+import time
+
+import psutil
+import torch
+
+from .engine import Answer, TurnEngine
+from .questions import Question, Schedule
+
+
+class LockedSchedule(Schedule):
+    """Questions added by other threads while the model thread pops them."""
+
+    def __init__(self):
+        super().__init__([])
+        self.lock = threading.Lock()
+
+    def due(self, video_t):
+        with self.lock:
+            return super().due(video_t)
+
+    def add(self, question):
+        with self.lock:
+            super().add(question)
+
+    def rest(self):
+        with self.lock:
+            return super().rest()
+
+
+def rss_mb() -> float:
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def torch_mb() -> float | None:
+    """Memory the torch allocator holds on the GPU; None on a CPU (no allocator statistics there)."""
+    return torch.cuda.memory_allocated() / 2**20 if torch.cuda.is_available() else None
+
+
+class LiveSession:
+    """`session` (a StreamSession or a pool's PooledSession) fed from `make_source(stop)` (anything `TurnEngine.run`
+    takes, with `live`, `ended` and a `stop` event it honours)."""
+
+    def __init__(self, adapter, session, make_source, label: str, clip_seconds: float = 2.0,
+                 max_new_tokens: int = 16):
+        self.adapter, self.session, self.label = adapter, session, label
+        self.engine = TurnEngine(adapter, session, clip_seconds=clip_seconds, max_new_tokens=max_new_tokens)
+        self.source = make_source(self.engine.stop)
+        self.engine.drop_when_full = self.source.live
+        budgets = session.cache.budgets
+        self.budget_tokens = max(budgets) if budgets else None
+        self.schedule = LockedSchedule()
+        self.waiting: dict[int, tuple] = {}  # id(question) -> (the question, its queue), until it is answered
+        self.current = None
+        self.transcript: list[Answer] = []
+        self.samples: list[dict] = []
+        self.notices: list[str] = []  # things a page should say in its chat (a source that failed)
+        self.notice_log: list[str] = []  # all of them, for API clients
+        self.finished = threading.Event()
+        self.closing = False
+        self.last_active = time.monotonic()
+        self._sample(0.0, "start")
+        self.thread = threading.Thread(target=self._run, name="live-session", daemon=True)
+        self.thread.start()
+
+    # --- the engine's thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            for answer in self.engine.run(self.source, self.schedule, on_clip=self._on_clip, on_token=self._on_token):
+                self.transcript.append(answer)
+                self._sample(self.engine.video_t, "answer")
+                self.current.put(answer)
+                self.current = None
+        except Exception as err:  # a truncated file, a camera lost: said to the viewer, the front end keeps working
+            self._notice(f"⚠ {self.label}: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
+        finally:
+            if self.source.ended:
+                self._notice(f"⚠ {self.source.ended}")
+            elif self.source.live and not self.closing:
+                self._notice(f"⚠ {self.label} stopped delivering frames at {self.engine.video_t:.1f} s")
+            with self.schedule.lock:
+                self.finished.set()
+                unanswered = [self.current, *(out for _, out in self.waiting.values())]
+            for q in unanswered:
+                if q is not None:
+                    q.put(None)  # unanswered: the stream ended first
+
+    def _notice(self, text: str) -> None:
+        self.notices.append(text)
+        self.notice_log.append(text)
+
+    def _on_clip(self, clip) -> None:
+        self._sample(clip.end, "clip")
+
+    def _on_token(self, question: Question, piece: str | None) -> None:
+        if piece is None:
+            self.current = self.waiting.pop(id(question))[1]
+            self.current.put(("start", self.engine.video_t))
+        else:
+            self.current.put(piece)
+
+    def _sample(self, video_t: float, after: str) -> None:
+        s = self.session
+        per_token = s.kv_bytes / s.kv_tokens if s.kv_tokens else 0.0
+        self.samples.append({
+            "video_s": round(video_t, 2), "kv_tokens": s.kv_tokens, "kv_mb": s.kv_bytes / 2**20,
+            "full_tokens": s.seen, "full_mb": s.seen * per_token / 2**20, "rss_mb": rss_mb(),
+            "torch_mb": torch_mb(), "budget_tokens": self.budget_tokens, "after": after})
+
+    # --- from other threads ---------------------------------------------------------------------
+
+    def ask(self, text: str, at: float | None = None, out=None):
+        """Queue a question for the next turn boundary (at video time `at`, if given, as `stream-qa --ask "… @T"`
+        does); returns `out` (anything with `put`, a new queue.Queue by default), which gets what the module's
+        docstring says."""
+        self.last_active = time.monotonic()
+        out = queue.Queue() if out is None else out
+        with self.schedule.lock:
+            if self.finished.is_set():
+                out.put(None)
+                return out
+            question = Question(text, at)
+            self.waiting[id(question)] = (question, out)
+            Schedule.add(self.schedule, question)
+        self.engine.wake()
+        return out
+
+    @property
+    def in_flight(self) -> int:
+        """Questions asked and not yet answered."""
+        return len(self.waiting) + (self.current is not None)
+
+    def telemetry(self) -> dict:
+        t, last = self.engine.telemetry, self.transcript[-1] if self.transcript else None
+        return {"video_s": round(self.engine.video_t, 2), "clips": t.clips, "dropped": t.dropped,
+                "ingest_speed": round(t.ingest_speed, 2) if t.ingest_s else None,
+                "ttft_s": last.ttft_s if last else None, "tokens_per_s": last.tokens_per_s if last else None,
+                "answers": len(self.transcript), "finished": self.finished.is_set(), "notices": list(self.notice_log)}
+
+    def close(self) -> None:
+        """Stop ingest and the model thread; the cache goes with this object."""
+        self.closing = True
+        self.engine.close()
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():  # a front end may hold a closed session's object a long time: let the cache go
+            if self.session is not None:
+                self.session.close()  # its room in the pool is free for the next stream
+            self.session = self.engine.session = None

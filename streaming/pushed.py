@@ -1,0 +1,73 @@
+"""Frames a client pushes, each with its own video time (the HTTP server's sessions, `stream-qa --server`).
+
+The client's clock is the video's: times must grow, and the engine takes the frames as they come. A bounded queue
+holds what the model has not taken yet; a push that finds it full waits a little, then says so (the server turns
+that into 429 and Retry-After), so a client faster than the model slows down instead of filling memory.
+"""
+
+import math
+import queue
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+from .frames import Frame, FrameSource, SourceError
+
+_END = object()
+
+
+class PushedFrames(FrameSource):
+    live = False  # the client waits for room: nothing it sent is dropped
+
+    def __init__(self, stop: threading.Event, capacity: int = 16):
+        self.stop = stop
+        self.frames: queue.Queue = queue.Queue(maxsize=capacity)
+        self.last_t: float | None = None
+        self.pushed = 0
+        self.ending = False
+        self.waited_s = 0.0  # time spent waiting for the client's frames, left out of the ingest speed
+        self._lock = threading.Lock()
+
+    def push(self, rgb: np.ndarray, t: float, wait: float = 5.0) -> bool:
+        """One frame at video time `t` seconds; False when the queue stayed full for `wait` seconds (try later)."""
+        with self._lock:  # one push at a time: times stay in order in the queue
+            if self.ending:
+                raise SourceError("this stream was ended: it takes no more frames")
+            if not math.isfinite(t) or t < 0:
+                raise SourceError(f"a frame's time must be a number of seconds >= 0, got {t}")
+            if self.last_t is not None and t <= self.last_t:
+                raise SourceError(f"frame times must grow: {t:g} s after {self.last_t:g} s")
+            frame = Frame(float(t), np.ascontiguousarray(rgb[..., :3], dtype=np.uint8))
+            try:
+                self.frames.put(frame, timeout=wait)
+            except queue.Full:
+                return False
+            self.last_t = frame.t
+            self.pushed += 1
+            return True
+
+    def end(self) -> None:
+        """No more frames: the engine closes the last clip and answers what is still asked."""
+        with self._lock:
+            if not self.ending:
+                self.ending = True
+                while not self.stop.is_set():
+                    try:
+                        self.frames.put(_END, timeout=0.1)
+                        return
+                    except queue.Full:
+                        continue
+
+    def __iter__(self) -> Iterator[Frame]:
+        while not self.stop.is_set():
+            t0 = self.clock()
+            try:
+                item = self.frames.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            finally:
+                self.waited_s += self.clock() - t0
+            if item is _END:
+                return
+            yield item

@@ -1,0 +1,245 @@
+"""A client of the streaming-session server (`python -m serve`), and `stream-qa --server URL`.
+
+`Client(url).open(...)` gives a `RemoteSession`: push frames (numpy RGB or JPEG/PNG bytes, each with its video
+time) or a chunk of video, ask a question (its answer's events as they come, or the record), read telemetry and
+the transcript, close. A refusal is a `RemoteError` with the server's one line and status; a 429 is retried after
+its Retry-After a few times first.
+"""
+
+import io
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+
+from .errors import UserError
+
+
+class RemoteError(UserError):
+    """The server refused a request, or could not be reached; one line."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+def _check(response: httpx.Response) -> httpx.Response:
+    if response.status_code >= 400:
+        try:
+            why = response.json().get("error", response.text)
+        except ValueError:
+            why = response.text.strip().splitlines()[0] if response.text.strip() else response.reason_phrase
+        raise RemoteError(f"server: {why} (HTTP {response.status_code})", response.status_code)
+    return response
+
+
+def encoded(rgb: np.ndarray, kind: str = "JPEG") -> bytes:
+    """A frame as JPEG (quality 90: small) or PNG (lossless: the server sees the pixels decoded here)."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(rgb[..., :3], dtype=np.uint8)).save(buf, kind, quality=90, compress_level=1)
+    return buf.getvalue()
+
+
+class Client:
+    def __init__(self, url: str, token: str | None = None, timeout: float = 120.0, retries: int = 20):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        self.url, self.retries = url, retries
+
+    def request(self, method: str, path: str, **kw) -> httpx.Response:
+        """One request; 429 and 503 are retried after the server's Retry-After, `retries` times."""
+        for attempt in range(self.retries + 1):
+            try:
+                response = self.http.request(method, path, **kw)
+            except httpx.HTTPError as err:
+                raise RemoteError(f"server {self.url}: {type(err).__name__}: {str(err) or 'no answer'}") from None
+            if response.status_code not in (429, 503) or attempt == self.retries:
+                return _check(response)
+            time.sleep(float(response.headers.get("retry-after", "1")))
+        raise AssertionError("unreachable")
+
+    def health(self) -> dict:
+        return self.request("GET", "/healthz").json()
+
+    def open(self, **settings) -> "RemoteSession":
+        """A session: model, policy, budget, bias, window, fps, clip_seconds, max_new_tokens, source (a file under
+        the server's media folder or a URL, as {"file": …} / {"url": …}; none: frames are pushed)."""
+        state = self.request("POST", "/v1/sessions", json={k: v for k, v in settings.items() if v is not None}).json()
+        return RemoteSession(self, state)
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class RemoteSession:
+    def __init__(self, client: Client, state: dict):
+        self.client, self.id, self.opened = client, state["id"], state
+        self.path = f"/v1/sessions/{self.id}"
+
+    def push(self, frame, t: float) -> dict:
+        """A frame at video time `t`: an (H, W, 3) uint8 array (sent as JPEG) or JPEG/PNG bytes."""
+        data = frame if isinstance(frame, bytes) else encoded(frame)
+        kind = "image/png" if data[:8] == b"\x89PNG\r\n\x1a\n" else "image/jpeg"
+        return self.client.request("POST", f"{self.path}/frames", params={"t": t}, content=data,
+                                   headers={"content-type": kind}).json()
+
+    def push_video(self, data: bytes, start: float | None = None, kind: str = "video/mp4") -> dict:
+        params = {"start": start} if start is not None else {}
+        return self.client.request("POST", f"{self.path}/video", params=params, content=data,
+                                   headers={"content-type": kind}).json()
+
+    def end(self) -> dict:
+        return self.client.request("POST", f"{self.path}/end").json()
+
+    def events(self, text: str, at: float | None = None) -> Iterator[tuple[str, dict]]:
+        """Ask now (the request is sent before this returns); then (event, data) as the answer comes: ("start",
+        {video_t}), ("token", {text})…, ("answer", record)."""
+        body = {"text": text, "at": at, "stream": True}
+        for attempt in range(self.client.retries + 1):
+            request = self.client.http.build_request("POST", f"{self.path}/questions", json=body,
+                                                     timeout=httpx.Timeout(30.0, read=None))
+            try:
+                response = self.client.http.send(request, stream=True)
+            except httpx.HTTPError as err:
+                raise RemoteError(f"server {self.client.url}: {type(err).__name__}: {err}") from None
+            if response.status_code == 429 and attempt < self.client.retries:
+                response.close()
+                time.sleep(float(response.headers.get("retry-after", "1")))
+                continue
+            if response.status_code >= 400:
+                response.read()
+                response.close()
+                _check(response)
+            return self._read_events(response)
+        raise AssertionError("unreachable")
+
+    def _read_events(self, response: httpx.Response) -> Iterator[tuple[str, dict]]:
+        try:
+            event = None
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    if event == "error":
+                        raise RemoteError(f"server: {data['error']}", 409)
+                    yield event, data
+                    if event == "answer":
+                        return
+            raise RemoteError("server: the answer's stream ended before its record")
+        except httpx.HTTPError as err:
+            raise RemoteError(f"server {self.client.url}: {type(err).__name__}: {err}") from None
+        finally:
+            response.close()
+
+    def answer(self, text: str, at: float | None = None) -> dict:
+        """The answer's record (the fields of `stream-qa --json`)."""
+        body = {"text": text, "at": at, "stream": False}
+        return self.client.request("POST", f"{self.path}/questions", json=body).json()
+
+    def state(self) -> dict:
+        return self.client.request("GET", self.path).json()
+
+    def transcript(self) -> list[dict]:
+        return self.client.request("GET", f"{self.path}/transcript").json()
+
+    def close(self) -> dict:
+        return self.client.request("DELETE", self.path).json()
+
+
+def run_remote(args, source, questions, out, say) -> int:
+    """`stream-qa --server URL`: the source's frames go to a session on the server and the questions are asked
+    there as the pushed video reaches their times; answers print as `stream-qa` prints them. `say(answer)` writes
+    one answer's lines (the CLI's own printer); returns the exit status."""
+    import os
+
+    from .engine import Answer
+
+    client = Client(args.server, token=os.environ.get("STREAM_QA_TOKEN"))
+    name, *_ = args.model
+    session = client.open(model=name, policy=args.policy, budget=str(args.budget), bias=args.bias,
+                          window=args.window, fps=args.fps, clip_seconds=args.clip_seconds,
+                          max_new_tokens=args.max_new_tokens)
+    pushed_t, done, failed = [-1.0], threading.Event(), []
+    asked_all = threading.Event()
+    moved = threading.Condition()
+
+    def push_all():
+        try:
+            for frame in source:
+                session.push(encoded(frame.rgb, "PNG"), frame.t)  # lossless: the answers stream-qa gives here
+                with moved:
+                    pushed_t[0] = frame.t
+                    moved.notify_all()
+        except BaseException as err:  # said on the main thread
+            failed.append(err)
+        finally:
+            with moved:
+                done.set()
+                moved.notify_all()
+            asked_all.wait()  # every question is in before the stream ends: those past its end are answered then
+            if not failed:
+                try:
+                    session.end()
+                except RemoteError as err:
+                    failed.append(err)
+
+    pusher = threading.Thread(target=push_all, name="push", daemon=True)
+    pusher.start()
+    streams: list = []  # (question, its events) in the order asked, then None
+    added = threading.Condition()
+
+    def submit_all():
+        try:
+            for q in sorted(questions, key=lambda q: -1.0 if q.at is None else q.at):
+                with moved:  # asked once the pushed video reaches its time, as stream-qa asks it
+                    moved.wait_for(lambda q=q: done.is_set() or q.at is None or pushed_t[0] >= q.at)
+                if failed:
+                    break
+                events = session.events(q.text, q.at)
+                with added:
+                    streams.append((q, events))
+                    added.notify_all()
+        except BaseException as err:
+            failed.append(err)
+        finally:
+            asked_all.set()
+            with added:
+                streams.append(None)
+                added.notify_all()
+
+    submitter = threading.Thread(target=submit_all, name="ask", daemon=True)
+    submitter.start()
+    try:
+        for i in range(len(questions) + 1):
+            with added:
+                added.wait_for(lambda i=i: len(streams) > i)
+                item = streams[i]
+            if item is None:
+                break
+            q, events = item
+            for event, data in events:
+                if event == "start" and not args.json:
+                    out.write(f"[{data['video_t']:7.1f}s] Q: {q.text}\n{'':11}A: ")
+                elif event == "token" and not args.json:
+                    out.write(data["text"])
+                elif event == "answer":
+                    say(Answer(**data))
+                out.flush()
+        pusher.join()
+        if failed:
+            raise failed[0]
+    finally:
+        asked_all.set()
+        done.set()
+        try:
+            session.close()
+        except RemoteError:
+            pass
+        client.close()
+    return 0
