@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("reliability", help="run the bad-input table; write reliability.json and .md")
     r.add_argument("--out", default="benchmarks/results")
     r.add_argument("--only", help="a regex: run only the cases whose name matches")
+    r.add_argument("--server", action="store_true", help="only the server's rows (a python -m serve of their own)")
     o = sub.add_parser("ompspin", help="time to first token during and after ingest, per OpenMP waiting")
     o.add_argument("--reps", type=int, default=3)
     o.add_argument("--busy", type=int, nargs="+", default=[0, 2],

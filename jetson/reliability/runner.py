@@ -150,6 +150,26 @@ def run_library(case: Case, tmp: Path, adapter) -> dict:
             "traceback": False}
 
 
+def server_rows(folder: Path, only: str | None) -> list[dict]:
+    """The server's rows (server.py), against one `python -m serve` of their own."""
+    from . import server
+
+    if only and not any(re.search(only, row.name) for row in server.ROWS):
+        return []
+    tmp = folder / "server"
+    tmp.mkdir()
+    with server.serving(tmp) as (url, media, process):
+        rows = server.run_rows(url, media, only)
+        alive = process.poll() is None
+    for row in rows:
+        row["traceback"] = "Traceback" in row["observed"]
+        print(f"{'ok ' if row['ok'] else 'BAD'} {row['input']}: {row['observed']}", flush=True)
+    if not alive:
+        rows.append({"input": "the server after every row", "where": "server", "expected": "still running",
+                     "observed": "exited", "ok": False, "traceback": False})
+    return rows
+
+
 def run(args) -> int:
     """Every case as its own process (library cases in this one); JSON and Markdown under --out."""
     from models import load_adapter  # torch, for the library cases only: the others run in their own processes
@@ -157,7 +177,7 @@ def run(args) -> int:
     adapter = None
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for case in CASES:
+        for case in [] if getattr(args, "server", False) else CASES:
             if args.only and not re.search(args.only, case.name):
                 continue
             tmp = Path(folder) / re.sub(r"\W+", "_", case.name)
@@ -171,9 +191,10 @@ def run(args) -> int:
             row = {"input": case.name, "where": case.where, "expected": expected_text(case), **result}
             rows.append(row)
             print(f"{'ok ' if result['ok'] else 'BAD'} {case.name}: {result['observed']}", flush=True)
-    rows = write(rows, Path(args.out), partial=bool(args.only))
+        rows += server_rows(Path(folder), args.only)
+    rows = write(rows, Path(args.out), partial=bool(args.only or getattr(args, "server", False)))
     bad = [r for r in rows if not r["ok"]]
     hangs = sum(r["observed"].startswith("HANG") for r in rows)
     print(f"reliability: {len(rows) - len(bad)} of {len(rows)} cases as expected; "
-          f"{sum(r['traceback'] for r in rows)} tracebacks, {hangs} hangs", file=sys.stderr)
+          f"{sum(r.get('traceback', False) for r in rows)} tracebacks, {hangs} hangs", file=sys.stderr)
     return 1 if bad else 0
