@@ -252,7 +252,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
             raise Refused(429, f"{config.max_questions} questions are being answered; retry shortly",
                           retry_after=1)
         if hosted.live.finished.is_set():
-            raise Refused(409, "this session's stream has ended; it answers no more questions")
+            raise Refused(409, "this session's stream failed; it answers no more questions (see its notices)")
         events = _ToLoop(asyncio.get_running_loop())
         hosted.live.ask(req.text, req.at, out=events)
 
@@ -298,7 +298,9 @@ def decode_image(data: bytes) -> np.ndarray:
             if image.width * image.height > 40_000_000:
                 raise Refused(413, f"a {image.width}x{image.height} frame is too large (40 megapixels at most)")
             return np.asarray(image.convert("RGB"))
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as err:
+    except UnidentifiedImageError:
+        raise Refused(400, "the frame is not a readable JPEG or PNG") from None
+    except (OSError, SyntaxError, ValueError) as err:
         raise Refused(400, f"the frame is not a readable JPEG or PNG ({one_line(err) or type(err).__name__})") \
             from None
 

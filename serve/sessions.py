@@ -85,15 +85,18 @@ class Sessions:
                                    "retry later", retry_after=5)
             self._opening += 1
         try:
-            make, label, described = self._source(settings, source or {})
             try:
-                live = HostedSession(settings, make, label)
+                make, label, described = self._source(settings, source or {})
+                live = HostedSession(settings, make, label, answers_after_end=True)
             except BadInput as err:
                 if isinstance(err.__cause__, PoolFull):
                     raise Refused(429, str(err), retry_after=5) from None
                 raise Refused(400, str(err)) from None
-            except SourceError as err:
-                raise Refused(400, str(err).strip().splitlines()[0]) from None
+            except SourceError as err:  # the media folder's own path is the server's business
+                why = str(err).strip().splitlines()[0]
+                if self.config.media is not None:
+                    why = why.replace(f"{self.config.media.resolve()}/", "")
+                raise Refused(400, why) from None
             hosted = Hosted(secrets.token_urlsafe(18), live, live.source if described["kind"] == "push" else None,
                             described, time.time())
             with self._lock:

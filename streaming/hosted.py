@@ -106,7 +106,7 @@ def add_checkpoint(folder: str) -> str:
 class HostedSession(LiveSession):
     """A viewer's or client's live session on its model's shared pool, opened from its settings."""
 
-    def __init__(self, settings: Settings, make_source, label: str):
+    def __init__(self, settings: Settings, make_source, label: str, answers_after_end: bool = False):
         self.settings = settings
         spec, budget = settings.spec(), settings.budget_value()
         adapter = shared_adapter(settings.model).fork()
@@ -118,4 +118,4 @@ class HostedSession(LiveSession):
         except ValueError as err:  # too small a budget, a bad window, no room in the pool: as stream-qa says it
             raise BadInput(one_line(err).removeprefix("--")) from err
         super().__init__(adapter, session, make_source, label, clip_seconds=settings.clip_seconds,
-                         max_new_tokens=settings.max_new_tokens)
+                         max_new_tokens=settings.max_new_tokens, answers_after_end=answers_after_end)

@@ -52,8 +52,13 @@ class LiveSession:
     takes, with `live`, `ended` and a `stop` event it honours)."""
 
     def __init__(self, adapter, session, make_source, label: str, clip_seconds: float = 2.0,
-                 max_new_tokens: int = 16):
+                 max_new_tokens: int = 16, answers_after_end: bool = False):
+        """`answers_after_end`: once the source has ended, questions about what was seen are still answered
+        (until `close`); otherwise the session is finished when its video is."""
         self.adapter, self.session, self.label = adapter, session, label
+        self.answers_after_end = answers_after_end
+        self.source_ended = threading.Event()
+        self._asked = threading.Event()
         self.engine = TurnEngine(adapter, session, clip_seconds=clip_seconds, max_new_tokens=max_new_tokens)
         self.source = make_source(self.engine.stop)
         self.engine.drop_when_full = self.source.live
@@ -78,10 +83,13 @@ class LiveSession:
     def _run(self) -> None:
         try:
             for answer in self.engine.run(self.source, self.schedule, on_clip=self._on_clip, on_token=self._on_token):
-                self.transcript.append(answer)
-                self._sample(self.engine.video_t, "answer")
-                self.current.put(answer)
-                self.current = None
+                self._answered(answer)
+            self.source_ended.set()
+            while self.answers_after_end and not self.closing:  # the video is over; what it showed is not
+                self._asked.wait(0.25)
+                self._asked.clear()
+                for question in self.schedule.rest():
+                    self._answered(self.engine.answer(question, self._on_token))
         except Exception as err:  # a truncated file, a camera lost: said to the viewer, the front end keeps working
             self._notice(f"⚠ {self.label}: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
         finally:
@@ -95,6 +103,12 @@ class LiveSession:
             for q in unanswered:
                 if q is not None:
                     q.put(None)  # unanswered: the stream ended first
+
+    def _answered(self, answer) -> None:
+        self.transcript.append(answer)
+        self._sample(self.engine.video_t, "answer")
+        self.current.put(answer)
+        self.current = None
 
     def _notice(self, text: str) -> None:
         self.notices.append(text)
@@ -134,6 +148,7 @@ class LiveSession:
             self.waiting[id(question)] = (question, out)
             Schedule.add(self.schedule, question)
         self.engine.wake()
+        self._asked.set()
         return out
 
     @property
@@ -152,6 +167,7 @@ class LiveSession:
         """Stop ingest and the model thread; the cache goes with this object."""
         self.closing = True
         self.engine.close()
+        self._asked.set()
         self.thread.join(timeout=10)
         if not self.thread.is_alive():  # a front end may hold a closed session's object a long time: let the cache go
             if self.session is not None:

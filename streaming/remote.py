@@ -166,7 +166,6 @@ def run_remote(args, source, questions, out, say) -> int:
                           window=args.window, fps=args.fps, clip_seconds=args.clip_seconds,
                           max_new_tokens=args.max_new_tokens)
     pushed_t, done, failed = [-1.0], threading.Event(), []
-    asked_all = threading.Event()
     moved = threading.Condition()
 
     def push_all():
@@ -182,8 +181,7 @@ def run_remote(args, source, questions, out, say) -> int:
             with moved:
                 done.set()
                 moved.notify_all()
-            asked_all.wait()  # every question is in before the stream ends: those past its end are answered then
-            if not failed:
+            if not failed:  # the server still answers questions asked after the end, about what it saw
                 try:
                     session.end()
                 except RemoteError as err:
@@ -208,7 +206,6 @@ def run_remote(args, source, questions, out, say) -> int:
         except BaseException as err:
             failed.append(err)
         finally:
-            asked_all.set()
             with added:
                 streams.append(None)
                 added.notify_all()
@@ -235,7 +232,6 @@ def run_remote(args, source, questions, out, say) -> int:
         if failed:
             raise failed[0]
     finally:
-        asked_all.set()
         done.set()
         try:
             session.close()

@@ -1,0 +1,116 @@
+"""The streaming-session server (serve/) as a client meets it: a real `python -m serve` on loopback, real HTTP
+clients (httpx, and `stream-qa --server`), real video; the bad-request rows of the reliability table."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from jetson.reliability.server import ROWS, TOKEN, run_rows, serving
+from streaming.remote import Client, RemoteError
+from streaming.sources import FileSource, bundled_clip
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("serve")) as running:
+        yield running
+
+
+@pytest.fixture
+def client(server):
+    url, _, _ = server
+    c = Client(url, token=TOKEN)
+    yield c
+    c.close()
+
+
+def test_every_bad_request_gets_its_status_in_one_json_line_and_the_server_stays_up(server):
+    url, media, process = server
+    rows = run_rows(url, media)
+    bad = [r for r in rows if not r["ok"]]
+    assert len(rows) >= 40 and not bad, bad
+    assert process.poll() is None
+
+
+def test_pushed_frames_answer_as_server_sent_events_and_the_session_reports_itself(client, server):
+    session = client.open(budget="256", clip_seconds=2.0)
+    try:
+        frames = list(FileSource(bundled_clip(), fps=1.0))  # 10 real frames, 0..9 s
+        for frame in frames[:6]:
+            assert session.push(frame.rgb, frame.t)["frames"] >= 1
+        events = list(session.events("is there a bicycle now?", at=4.0))
+        kinds = [e for e, _ in events]
+        assert kinds[0] == "start" and kinds[-1] == "answer" and set(kinds[1:-1]) <= {"token"}
+        record = events[-1][1]
+        assert record["video_t"] == 4.0  # asked at 4 s: answered once the clip covering it was in
+        assert record["answer"] == "".join(d["text"] for e, d in events if e == "token").strip()
+        assert record["kv_tokens"] > 0 and record["ttft_s"] > 0
+        # the rest as one chunk of the video file, then the end: a question past the end is answered then
+        data = Path(bundled_clip()).read_bytes()
+        pushed = session.push_video(data, start=6.0)
+        assert pushed["from"] == 6.0 and pushed["to"] == pytest.approx(15.0) and pushed["frames"] == 16
+        asked = session.events("what is on screen?", at=100.0)
+        session.end()
+        late = list(asked)[-1][1]
+        assert late["video_t"] == pytest.approx(16.0)
+        state = session.state()
+        assert state["telemetry"]["clips"] == 8 and state["telemetry"]["answers"] == 2
+        assert state["memory"]["kv_tokens"] <= 256 + 50 and state["budget_tokens"] == 256  # + question, answer
+        assert [a["question"] for a in session.transcript()] == ["is there a bicycle now?", "what is on screen?"]
+        metrics = client.http.get("/metrics").text
+        assert f'stream_qa_kv_bytes{{session="{session.id[:8]}"}}' in metrics
+        assert "stream_qa_time_to_first_token_seconds_count" in metrics
+    finally:
+        session.close()
+    with pytest.raises(RemoteError, match="no such session") as err:
+        session.state()
+    assert err.value.status == 404
+
+
+def test_a_pulled_file_plays_inside_the_media_folder(client):
+    session = client.open(budget="256", source={"file": "bikes.mp4", "realtime": False})
+    try:
+        record = session.answer("is there a bicycle now?", at=6.0)
+        assert record["video_t"] == 6.0 and record["answer"]
+        assert session.state()["source"] == {"kind": "file", "file": "bikes.mp4"}
+    finally:
+        session.close()
+
+
+def _records(stdout: str) -> list[dict]:
+    timing = {"ttft_s", "tokens_per_s", "rss_mb"}
+    return [{k: v for k, v in json.loads(line).items() if k not in timing} for line in stdout.splitlines()]
+
+
+def test_stream_qa_on_a_server_answers_what_it_answers_here(server):
+    url, _, _ = server
+    args = [sys.executable, "-m", "streaming.cli", "--fast", "--budget", "256", "--json"]
+    env = dict(os.environ, STREAM_QA_TOKEN=TOKEN)
+    remote = subprocess.run([*args, "--server", url], capture_output=True, text=True, timeout=300, env=env)
+    here = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert remote.returncode == here.returncode == 0, remote.stderr
+    assert _records(remote.stdout) == _records(here.stdout) and len(_records(here.stdout)) == 5
+    wrong = subprocess.run([*args, "--server", url], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, STREAM_QA_TOKEN="nope"))
+    assert wrong.returncode == 2 and wrong.stderr.strip().splitlines()[-1].startswith("stream-qa: server: a bearer")
+    down = subprocess.run([*args, "--server", "http://127.0.0.1:9"], capture_output=True, text=True, timeout=300)
+    assert down.returncode == 2 and "Traceback" not in down.stderr and "ConnectError" in down.stderr
+
+
+def test_the_server_refuses_bad_options_in_one_line(tmp_path):
+    for argv, why in ((["--media", str(tmp_path / "none")], "no such folder"), (["--max-sessions", "0"], "above 0")):
+        out = subprocess.run([sys.executable, "-m", "serve", *argv], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and why in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_openapi_docs_are_served(server):
+    url, _, _ = server
+    spec = httpx.get(f"{url}/openapi.json").json()
+    assert {"/v1/sessions", "/v1/sessions/{session_id}/frames", "/v1/sessions/{session_id}/questions",
+            "/healthz", "/metrics"} <= set(spec["paths"])
+    assert httpx.get(f"{url}/docs").status_code == 200
