@@ -173,7 +173,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         live = hosted.live
         return {"id": hosted.id, "settings": live.settings.__dict__, "source": hosted.source,
                 "budget_tokens": live.budget_tokens, "telemetry": live.telemetry(),
-                "memory": live.samples[-1] if live.samples else None,
+                "memory": live.samples[-1] if live.samples else None, "ended": live.source_ended.is_set(),
                 "frames_pushed": hosted.pushed.pushed if hosted.pushed else None}
 
     v1 = [Depends(authorised)]

@@ -1,0 +1,190 @@
+"""The streaming-session server (issue 47): what HTTP costs a question, and the server at twice its capacity.
+
+overhead: tiny-vlm, budget 256, N = 1, 2, 4 sessions, each playing the bundled clip (10 s, 1 fps, 2 s clips, read
+as fast as the model takes it) and then asked the same plain questions, one after another per session, all
+sessions at once. In-process: `HostedSession`s in this process (the server's own session class, no HTTP).
+Embedded: the same through a `python -m serve` on loopback (SSE, httpx), the two in the same run on this machine.
+Per mode and N: each question's time to first token and to its whole answer (p50, p95, measured by the asker),
+questions answered per second, and the embedded server's added time per question (p50 against p50).
+
+load: a server holding `CAPACITY` sessions, 2 x `CAPACITY` clients at once, two waves: each opens a session
+(201, or 429 and stops), pushes the clip's frames as JPEG, asks three questions, ends and closes. Counted: every
+request's status (answered, refused with 429, server errors), the most KV tokens any session held, and the server's
+RSS after each wave (flat: the second wave's sessions live in the first one's memory).
+"""
+
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+from tqdm import tqdm
+
+from .common import print_table, record, write
+
+BUDGET = 256
+QUESTIONS = ["what is on screen?", "is there a bicycle now?", "did you see a person?", "is there a car?"]
+CAPACITY = 4
+
+
+def run(args):
+    from jetson.reliability.server import serving
+
+    counts = [1, 2] if args.quick else [1, 2, 4]
+    each = 2 if args.quick else 4
+    records = []
+    with tempfile.TemporaryDirectory() as tmp:
+        clip = None
+        with serving(Path(tmp) / "a", token=None, max_sessions=16, max_questions=64) as (url, media, _):
+            clip = media / "bikes.mp4"
+            for n in tqdm(counts, desc="sessions"):
+                for mode, measure in (("in-process", in_process), ("embedded", embedded)):
+                    result = measure(url if mode == "embedded" else clip, n, each)
+                    records += [record("serve", mode, BUDGET, metric, round(value, 4), n) for metric, value in (
+                        ("ttft_s", _p(result["ttft"], 50)), ("ttft_p95_s", _p(result["ttft"], 95)),
+                        ("answer_s", _p(result["total"], 50)), ("answer_p95_s", _p(result["total"], 95)),
+                        ("questions_per_s", len(result["total"]) / result["wall"]))]
+                inner, outer = (_value(records, m, n, "answer_s") for m in ("in-process", "embedded"))
+                records.append(record("serve", "embedded over in-process", BUDGET, "overhead_ms",
+                                      round((outer - inner) * 1e3, 2), n))
+        (Path(tmp) / "b").mkdir()
+        with serving(Path(tmp) / "b", token=None, max_sessions=CAPACITY, max_questions=64) as (url, _, process):
+            records += load(url, process.pid, clients=2 * CAPACITY, waves=1 if args.quick else 2)
+    print_table(records, sorted({r["metric"] for r in records}))
+    write(args.out, "serve", records, ["answer_s", "ttft_s"], x_label="sessions")
+
+
+def _p(values, q) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
+
+
+def _value(records, policy, n, metric):
+    return next(r["value"] for r in records if r["policy"] == policy and r["x"] == n and r["metric"] == metric)
+
+
+def _together(n: int, ask_all) -> tuple[dict, float]:
+    """`ask_all(i, out)` on n threads at once; ({"ttft": [...], "total": [...]}, wall seconds)."""
+    out = {"ttft": [], "total": []}
+    threads = [threading.Thread(target=ask_all, args=(i, out)) for i in range(n)]
+    t0 = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return out, time.perf_counter() - t0
+
+
+def in_process(clip: Path, n: int, each: int) -> dict:
+    from streaming.hosted import HostedSession, Settings
+    from streaming.sources import FileSource
+
+    settings = Settings(budget=str(BUDGET), clip_seconds=2.0)
+    sessions = [HostedSession(settings, lambda stop: FileSource(clip, fps=1.0), "bench", answers_after_end=True)
+                for _ in range(n)]
+    try:
+        for s in sessions:
+            s.source_ended.wait(300)
+
+        def ask_all(i, out):
+            for text in QUESTIONS[:each]:
+                t0 = time.perf_counter()
+                events, first = sessions[i].ask(text), None
+                while True:
+                    item = events.get()
+                    if isinstance(item, str) and first is None:
+                        first = time.perf_counter()
+                    if item is None or not isinstance(item, tuple | str):
+                        break
+                end = time.perf_counter()
+                out["ttft"].append((first or end) - t0)
+                out["total"].append(end - t0)
+
+        result, wall = _together(n, ask_all)
+    finally:
+        for s in sessions:
+            s.close()
+    return result | {"wall": wall}
+
+
+def embedded(url: str, n: int, each: int) -> dict:
+    from streaming.remote import Client
+
+    client = Client(url)
+    sessions = [client.open(budget=str(BUDGET), clip_seconds=2.0, source={"file": "bikes.mp4", "realtime": False})
+                for _ in range(n)]
+    try:
+        for s in sessions:
+            while not s.state()["ended"]:
+                time.sleep(0.05)
+
+        def ask_all(i, out):
+            for text in QUESTIONS[:each]:
+                t0, first = time.perf_counter(), None
+                for event, _ in sessions[i].events(text):
+                    if event == "token" and first is None:
+                        first = time.perf_counter()
+                end = time.perf_counter()
+                out["ttft"].append((first or end) - t0)
+                out["total"].append(end - t0)
+
+        result, wall = _together(n, ask_all)
+    finally:
+        for s in sessions:
+            s.close()
+        client.close()
+    return result | {"wall": wall}
+
+
+def load(url: str, pid: int, clients: int, waves: int) -> list[dict]:
+    """`clients` at once against a server of CAPACITY sessions, `waves` times; see the module's docstring."""
+    from streaming.remote import encoded
+    from streaming.sources import FileSource, bundled_clip
+
+    frames = [(f.t, encoded(f.rgb)) for f in FileSource(bundled_clip(), fps=1.0)]
+    server = psutil.Process(pid)
+    statuses, kv_max, rss = [], [0], []
+
+    def one(http: httpx.Client):
+        opened = http.post("/v1/sessions", json={"budget": str(BUDGET), "clip_seconds": 2.0})
+        statuses.append(opened.status_code)
+        if opened.status_code != 201:
+            return
+        sid = opened.json()["id"]
+        try:
+            for t, data in frames:
+                statuses.append(http.post(f"/v1/sessions/{sid}/frames", params={"t": t}, content=data,
+                                          headers={"content-type": "image/jpeg"}).status_code)
+            for text in QUESTIONS[:3]:
+                statuses.append(http.post(f"/v1/sessions/{sid}/questions",
+                                          json={"text": text, "stream": False}).status_code)
+                state = http.get(f"/v1/sessions/{sid}")
+                statuses.append(state.status_code)
+                kv_max[0] = max(kv_max[0], state.json()["memory"]["kv_tokens"])
+            statuses.append(http.post(f"/v1/sessions/{sid}/end").status_code)
+        finally:
+            statuses.append(http.delete(f"/v1/sessions/{sid}").status_code)
+
+    t0 = time.perf_counter()
+    with httpx.Client(base_url=url, timeout=300) as http:
+        for _ in range(waves):
+            threads = [threading.Thread(target=one, args=(http,)) for _ in range(clients)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            rss.append(server.memory_info().rss / 2**20)
+    wall = time.perf_counter() - t0
+    ok = sum(200 <= s < 300 for s in statuses)
+    refused = statuses.count(429)
+    errors = sum(s >= 500 for s in statuses) + sum(400 <= s < 500 and s != 429 for s in statuses)
+    out = [record("serve", "load", BUDGET, "requests", len(statuses), clients),
+           record("serve", "load answered", BUDGET, "requests", ok, clients),
+           record("serve", "load", BUDGET, "refused", refused, clients),
+           record("serve", "load", BUDGET, "errors", errors, clients),
+           record("serve", "load", BUDGET, "kv_tokens", kv_max[0], clients),
+           record("serve", "load", BUDGET, "wall_s", round(wall, 2), clients)]
+    out += [record("serve", f"load wave {i + 1}", BUDGET, "rss_mb", round(m, 1), clients) for i, m in enumerate(rss)]
+    return out
