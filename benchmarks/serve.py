@@ -1,11 +1,12 @@
 """The streaming-session server (issue 47): what HTTP costs a question, and the server at twice its capacity.
 
-overhead: tiny-vlm, budget 256, N = 1, 2, 4 sessions, each playing the bundled clip (10 s, 1 fps, 2 s clips, read
-as fast as the model takes it) and then asked the same plain questions, one after another per session, all
-sessions at once. In-process: `HostedSession`s in this process (the server's own session class, no HTTP).
-Embedded: the same through a `python -m serve` on loopback (SSE, httpx), the two in the same run on this machine.
-Per mode and N: each question's time to first token and to its whole answer (p50, p95, measured by the asker),
-questions answered per second, and the embedded server's added time per question (p50 against p50).
+overhead: tiny-vlm, budget 256, N = 1, 2, 4 sessions, each having played the bundled clip (10 s, 1 fps, 2 s clips,
+read as fast as the model takes it), then asked four plain questions in turn, the N sessions at once, for 6 rounds.
+In-process: `HostedSession`s in this process (the server's own session class, no HTTP). Embedded: N sessions on a
+`python -m serve` on loopback (SSE read with httpx). The modes alternate question by question in the same run, on
+sessions in the same state, so each embedded answer has an in-process twin. Per mode and N: each question's time to
+first token and to its whole answer (p50, p95, measured by the asker), questions answered per second (over the
+time the rounds took), and the server's added time per question: the median of embedded minus its twin.
 
 load: a server holding `CAPACITY` sessions, 2 x `CAPACITY` clients at once, two waves: each opens a session
 (201, or 429 and stops), pushes the clip's frames as JPEG, asks three questions, ends and closes. Counted: every
@@ -13,6 +14,7 @@ request's status (answered, refused with 429, server errors), the most KV tokens
 RSS after each wave (flat: the second wave's sessions live in the first one's memory).
 """
 
+import statistics
 import tempfile
 import threading
 import time
@@ -33,22 +35,22 @@ def run(args):
     from jetson.reliability.server import serving
 
     counts = [1, 2] if args.quick else [1, 2, 4]
-    each = 2 if args.quick else 4
+    rounds = 2 if args.quick else 6
     records = []
     with tempfile.TemporaryDirectory() as tmp:
-        clip = None
         with serving(Path(tmp) / "a", token=None, max_sessions=16, max_questions=64) as (url, media, _):
-            clip = media / "bikes.mp4"
             for n in tqdm(counts, desc="sessions"):
-                for mode, measure in (("in-process", in_process), ("embedded", embedded)):
-                    result = measure(url if mode == "embedded" else clip, n, each)
+                result = paired(media / "bikes.mp4", url, n, rounds)
+                for mode in ("in-process", "embedded"):
+                    r = result[mode]
                     records += [record("serve", mode, BUDGET, metric, round(value, 4), n) for metric, value in (
-                        ("ttft_s", _p(result["ttft"], 50)), ("ttft_p95_s", _p(result["ttft"], 95)),
-                        ("answer_s", _p(result["total"], 50)), ("answer_p95_s", _p(result["total"], 95)),
-                        ("questions_per_s", len(result["total"]) / result["wall"]))]
-                inner, outer = (_value(records, m, n, "answer_s") for m in ("in-process", "embedded"))
-                records.append(record("serve", "embedded over in-process", BUDGET, "overhead_ms",
-                                      round((outer - inner) * 1e3, 2), n))
+                        ("ttft_s", _p(r["ttft"], 50)), ("ttft_p95_s", _p(r["ttft"], 95)),
+                        ("answer_s", _p(r["total"], 50)), ("answer_p95_s", _p(r["total"], 95)),
+                        ("questions_per_s", len(r["total"]) / r["wall"]))]
+                added = [e - i for e, i in zip(result["embedded"]["total"], result["in-process"]["total"],
+                                                  strict=True)]
+                records.append(record("serve", "embedded over in-process (paired)", BUDGET, "overhead_ms",
+                                      round(statistics.median(added) * 1e3, 2), n))
         (Path(tmp) / "b").mkdir()
         with serving(Path(tmp) / "b", token=None, max_sessions=CAPACITY, max_questions=64) as (url, _, process):
             records += load(url, process.pid, clients=2 * CAPACITY, waves=1 if args.quick else 2)
@@ -61,81 +63,82 @@ def _p(values, q) -> float:
     return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
-def _value(records, policy, n, metric):
-    return next(r["value"] for r in records if r["policy"] == policy and r["x"] == n and r["metric"] == metric)
+def paired(clip: Path, url: str, n: int, rounds: int) -> dict:
+    """n sessions in this process and n on the server, each having played the clip; then, question by question,
+    all n in-process sessions asked at once, then all n on the server: the two modes alternate, so a drift of
+    the machine's speed reaches both."""
+    from streaming.hosted import HostedSession, Settings
+    from streaming.remote import Client
+    from streaming.sources import FileSource
+
+    client = Client(url)
+    remote = [client.open(budget=str(BUDGET), clip_seconds=2.0, source={"file": "bikes.mp4", "realtime": False})
+              for _ in range(n)]
+    settings = Settings(budget=str(BUDGET), clip_seconds=2.0)
+    local = [HostedSession(settings, lambda stop: FileSource(clip, fps=1.0), "bench", answers_after_end=True)
+             for _ in range(n)]
+    out = {mode: {"ttft": [], "total": [], "wall": 0.0} for mode in ("in-process", "embedded")}
+    try:
+        for s in local:
+            s.source_ended.wait(300)
+        for s in remote:
+            while not s.state()["ended"]:
+                time.sleep(0.05)
+        for _ in range(rounds):
+            for text in QUESTIONS:
+                for mode, sessions, ask in (("in-process", local, _ask_here), ("embedded", remote, _ask_there)):
+                    times, wall = _at_once([lambda s=s, ask=ask, text=text: ask(s, text) for s in sessions])
+                    out[mode]["wall"] += wall
+                    for first, total in times:
+                        out[mode]["ttft"].append(first)
+                        out[mode]["total"].append(total)
+    finally:
+        for s in local:
+            s.close()
+        for s in remote:
+            s.close()
+        client.close()
+    return out
 
 
-def _together(n: int, ask_all) -> tuple[dict, float]:
-    """`ask_all(i, out)` on n threads at once; ({"ttft": [...], "total": [...]}, wall seconds)."""
-    out = {"ttft": [], "total": []}
-    threads = [threading.Thread(target=ask_all, args=(i, out)) for i in range(n)]
+def _at_once(calls) -> tuple[list, float]:
+    """Every call on its own thread, started together: (their results, wall seconds)."""
+    results = [None] * len(calls)
+
+    def one(i):
+        results[i] = calls[i]()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
     t0 = time.perf_counter()
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    return out, time.perf_counter() - t0
+    return results, time.perf_counter() - t0
 
 
-def in_process(clip: Path, n: int, each: int) -> dict:
-    from streaming.hosted import HostedSession, Settings
-    from streaming.sources import FileSource
-
-    settings = Settings(budget=str(BUDGET), clip_seconds=2.0)
-    sessions = [HostedSession(settings, lambda stop: FileSource(clip, fps=1.0), "bench", answers_after_end=True)
-                for _ in range(n)]
-    try:
-        for s in sessions:
-            s.source_ended.wait(300)
-
-        def ask_all(i, out):
-            for text in QUESTIONS[:each]:
-                t0 = time.perf_counter()
-                events, first = sessions[i].ask(text), None
-                while True:
-                    item = events.get()
-                    if isinstance(item, str) and first is None:
-                        first = time.perf_counter()
-                    if item is None or not isinstance(item, tuple | str):
-                        break
-                end = time.perf_counter()
-                out["ttft"].append((first or end) - t0)
-                out["total"].append(end - t0)
-
-        result, wall = _together(n, ask_all)
-    finally:
-        for s in sessions:
-            s.close()
-    return result | {"wall": wall}
+def _ask_here(session, text) -> tuple[float, float]:
+    """(time to first token, time to the whole answer) of a question asked of a live session in this process."""
+    t0, first = time.perf_counter(), None
+    events = session.ask(text)
+    while True:
+        item = events.get()
+        if isinstance(item, str) and first is None:
+            first = time.perf_counter()
+        if not isinstance(item, tuple | str):
+            break
+    end = time.perf_counter()
+    return (first or end) - t0, end - t0
 
 
-def embedded(url: str, n: int, each: int) -> dict:
-    from streaming.remote import Client
-
-    client = Client(url)
-    sessions = [client.open(budget=str(BUDGET), clip_seconds=2.0, source={"file": "bikes.mp4", "realtime": False})
-                for _ in range(n)]
-    try:
-        for s in sessions:
-            while not s.state()["ended"]:
-                time.sleep(0.05)
-
-        def ask_all(i, out):
-            for text in QUESTIONS[:each]:
-                t0, first = time.perf_counter(), None
-                for event, _ in sessions[i].events(text):
-                    if event == "token" and first is None:
-                        first = time.perf_counter()
-                end = time.perf_counter()
-                out["ttft"].append((first or end) - t0)
-                out["total"].append(end - t0)
-
-        result, wall = _together(n, ask_all)
-    finally:
-        for s in sessions:
-            s.close()
-        client.close()
-    return result | {"wall": wall}
+def _ask_there(session, text) -> tuple[float, float]:
+    """The same through the server: the request sent, its server-sent events read to the answer's record."""
+    t0, first = time.perf_counter(), None
+    for event, _ in session.events(text):
+        if event == "token" and first is None:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    return (first or end) - t0, end - t0
 
 
 def load(url: str, pid: int, clients: int, waves: int) -> list[dict]:

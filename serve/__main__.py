@@ -16,6 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--media", metavar="DIR", help="the folder sessions may pull video files from (default: none)")
+    p.add_argument("--sessions", metavar="DIR", help="keep each session's folder (clips, transcript) here: a session "
+                   "continues after a crash or restart at its next request (default: in memory only)")
     p.add_argument("--token", default=os.environ.get("STREAM_QA_TOKEN"),
                    help="require 'Authorization: Bearer TOKEN' (default $STREAM_QA_TOKEN; unset: open)")
     p.add_argument("--model", action="append", metavar="NAME", help="load before serving (default tiny-vlm)")
@@ -50,7 +52,14 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as err:
         print(f"python -m serve: --hf: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 1
-    config = ServerConfig(media=media, token=args.token or None, max_sessions=args.max_sessions,
+    sessions = Path(args.sessions).expanduser() if args.sessions else None
+    if sessions is not None:
+        try:
+            sessions.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            print(f"python -m serve: --sessions {args.sessions}: {err.strerror}", file=sys.stderr)
+            return 2
+    config = ServerConfig(media=media, sessions=sessions, token=args.token or None, max_sessions=args.max_sessions,
                           max_questions=args.max_questions, max_upload_mb=args.max_upload_mb, idle_s=args.idle,
                           preload=tuple(args.model or ("tiny-vlm",)) + tuple(offered))
     print(f"python -m serve: loading {', '.join(config.preload)}; then http://{args.host}:{args.port} "

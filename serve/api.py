@@ -106,7 +106,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
             await asyncio.sleep(min(5.0, config.idle_s))
             for session_id in sessions.idle():
                 with contextlib.suppress(Refused):
-                    await run_in_threadpool(sessions.close, session_id)
+                    await run_in_threadpool(sessions.close, session_id, False)
 
     app = FastAPI(title="stream-qa server", lifespan=lifespan, version="1",
                   description="Questions about live video, answered from a bounded KV cache (Inf-MLLM).")
@@ -164,6 +164,11 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
             raise Refused(400, "the upload is empty")
         return bytes(data)
 
+    async def find(session_id: str):
+        """The session; one this process does not hold is continued from its folder, off the event loop."""
+        hosted = sessions.held(session_id)
+        return hosted if hosted is not None else await run_in_threadpool(sessions.get, session_id)
+
     def pushed_to(hosted):
         if hosted.pushed is None:
             raise Refused(409, f"this session pulls its own frames ({hosted.source['kind']}); it takes none pushed")
@@ -198,11 +203,11 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
 
     @app.get("/v1/sessions/{session_id}", dependencies=v1)
     async def read_state(session_id: str):
-        return state(sessions.get(session_id))
+        return state(await find(session_id))
 
     @app.get("/v1/sessions/{session_id}/transcript", dependencies=v1)
     async def transcript(session_id: str):
-        return [a.as_dict() for a in sessions.get(session_id).live.transcript]
+        return [a.as_dict() for a in (await find(session_id)).live.transcript]
 
     @app.delete("/v1/sessions/{session_id}", dependencies=v1)
     def close(session_id: str):
@@ -211,7 +216,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
 
     @app.post("/v1/sessions/{session_id}/frames", status_code=202, dependencies=v1)
     async def push_frame(session_id: str, request: Request, t: float):
-        pushed = pushed_to(sessions.get(session_id))
+        pushed = pushed_to(await find(session_id))
         rgb = await run_in_threadpool(decode_image, await body(request, IMAGE_TYPES))
         await push(pushed, rgb, t)
         return {"frames": pushed.pushed, "t": t}
@@ -226,7 +231,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
 
     @app.post("/v1/sessions/{session_id}/video", status_code=202, dependencies=v1)
     async def push_video(session_id: str, request: Request, start: float | None = None):
-        hosted = sessions.get(session_id)
+        hosted = await find(session_id)
         pushed = pushed_to(hosted)
         data = await body(request, VIDEO_TYPES)
         fps = hosted.live.settings.fps
@@ -241,13 +246,13 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
 
     @app.post("/v1/sessions/{session_id}/end", status_code=202, dependencies=v1)
     async def end(session_id: str):
-        pushed = pushed_to(sessions.get(session_id))
+        pushed = pushed_to(await find(session_id))
         await run_in_threadpool(pushed.end)
         return {"frames": pushed.pushed, "ended": True}
 
     @app.post("/v1/sessions/{session_id}/questions", dependencies=v1)
     async def ask(session_id: str, req: AskRequest):
-        hosted = sessions.get(session_id)
+        hosted = await find(session_id)
         if sessions.questions_in_flight() >= config.max_questions:
             raise Refused(429, f"{config.max_questions} questions are being answered; retry shortly",
                           retry_after=1)

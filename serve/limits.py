@@ -7,6 +7,7 @@ from pathlib import Path
 @dataclass
 class ServerConfig:
     media: Path | None = None  # the folder sessions may pull files from (None: no files)
+    sessions: Path | None = None  # each session's folder goes here, to continue it after a crash (None: memory only)
     token: str | None = None  # a bearer token every /v1 request and /metrics must carry (None: open)
     max_sessions: int = 8  # open sessions; one more is refused with 429
     max_questions: int = 16  # questions asked and not yet answered, all sessions together

@@ -1,6 +1,8 @@
 """The sessions one server process holds: opened from a request's settings and source, found by an unguessable id,
 closed on request or when idle. Errors are `Refused` with the HTTP status they answer with."""
 
+import json
+import re
 import secrets
 import threading
 import time
@@ -9,13 +11,17 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from inf_mllm.pool import PoolFull
+from streaming.errors import ConfigError
 from streaming.hosted import BadInput, HostedSession, Settings
 from streaming.pushed import PushedFrames
+from streaming.session_dir import SETTINGS, SessionDir
 from streaming.sources import SourceError, open_source
 
 from .limits import ServerConfig
 
 URL_SCHEMES = ("rtsp", "rtsps", "http", "https")
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")  # what `secrets.token_urlsafe` gives: nothing a path could use
+CLOSED = "closed"  # in a session's folder: closed by its client, never resumed
 
 
 class Refused(Exception):
@@ -69,6 +75,7 @@ class Sessions:
         self._open: dict[str, Hosted] = {}
         self._lock = threading.Lock()
         self._opening = 0
+        self._resuming = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._open)
@@ -79,25 +86,38 @@ class Sessions:
 
     def open(self, settings: Settings, source: dict | None) -> Hosted:
         """A new session (blocking: the system prompt's prefill); 429 past `max_sessions` or the pool's memory."""
+        return self._start(secrets.token_urlsafe(18), settings, source or {}, resume=False)
+
+    def _start(self, session_id: str, settings: Settings, source: dict, resume: bool) -> Hosted:
         with self._lock:
             if len(self._open) + self._opening >= self.config.max_sessions:
                 raise Refused(429, f"this server holds {self.config.max_sessions} sessions at most; close one or "
                                    "retry later", retry_after=5)
             self._opening += 1
+        folder = None
         try:
             try:
-                make, label, described = self._source(settings, source or {})
-                live = HostedSession(settings, make, label, answers_after_end=True)
+                make, label, described = self._source(settings, source)
+                if self.config.sessions is not None:
+                    folder = SessionDir(self.config.sessions / session_id, resume=resume)
+                    if not resume:
+                        folder.save_settings({"server": settings.__dict__, "source": source})
+                live = HostedSession(settings, make, label, answers_after_end=True, folder=folder)
             except BadInput as err:
                 if isinstance(err.__cause__, PoolFull):
                     raise Refused(429, str(err), retry_after=5) from None
                 raise Refused(400, str(err)) from None
+            except ConfigError as err:  # the folder is held: another process still has this session
+                if folder is None and "one writer at a time" in str(err):
+                    raise Refused(503, "this session is held by another server process; retry shortly",
+                                  retry_after=1) from None
+                raise Refused(400, str(err).strip().splitlines()[0]) from None
             except SourceError as err:  # the media folder's own path is the server's business
                 why = str(err).strip().splitlines()[0]
                 if self.config.media is not None:
                     why = why.replace(f"{self.config.media.resolve()}/", "")
                 raise Refused(400, why) from None
-            hosted = Hosted(secrets.token_urlsafe(18), live, live.source if described["kind"] == "push" else None,
+            hosted = Hosted(session_id, live, live.source if described["kind"] == "push" else None,
                             described, time.time())
             with self._lock:
                 self._open[hosted.id] = hosted
@@ -105,6 +125,26 @@ class Sessions:
         finally:
             with self._lock:
                 self._opening -= 1
+
+    def _resume(self, session_id: str) -> Hosted | None:
+        """A session this process does not hold, continued from its folder (after a crash, a restart, or on
+        another replica); None when there is no such folder, or its client closed it."""
+        root = self.config.sessions
+        if root is None or not SESSION_ID.fullmatch(session_id):
+            return None
+        folder = root / session_id
+        if not (folder / SETTINGS).is_file() or (folder / CLOSED).exists():
+            return None
+        with self._resuming:  # one resume at a time: two requests for it must not both take the folder
+            with self._lock:
+                if session_id in self._open:
+                    return self._open[session_id]
+            try:
+                saved = json.loads((folder / SETTINGS).read_text())
+                settings = Settings(**saved["server"])
+            except (OSError, ValueError, KeyError, TypeError):
+                return None
+            return self._start(session_id, settings, saved.get("source") or {}, resume=True)
 
     def _source(self, settings: Settings, source: dict):
         """(make_source(stop), label, what it is) for the request's source: pushed frames by default."""
@@ -122,19 +162,37 @@ class Sessions:
                     {"kind": "url", "url": url})
         return (lambda stop: PushedFrames(stop)), "pushed frames", {"kind": "push"}
 
-    def get(self, session_id: str) -> Hosted:
+    def held(self, session_id: str) -> Hosted | None:
+        """The session if this process holds it (never blocks)."""
         with self._lock:
             hosted = self._open.get(session_id)
+        if hosted is not None:
+            hosted.touch()
+        return hosted
+
+    def get(self, session_id: str) -> Hosted:
+        """The session, continued from its folder if this process does not hold it (blocking then)."""
+        with self._lock:
+            hosted = self._open.get(session_id)
+        if hosted is None:
+            hosted = self._resume(session_id)
         if hosted is None:
             raise Refused(404, "no such session: unknown, or closed")
         hosted.touch()
         return hosted
 
-    def close(self, session_id: str) -> Hosted:
+    def close(self, session_id: str, final: bool = True) -> Hosted:
+        """Close a session; `final` (its client's DELETE) marks its folder closed, else (idle, shutdown) it can be
+        continued by its next request."""
         with self._lock:
             hosted = self._open.pop(session_id, None)
+        if hosted is None and final and self._resume(session_id) is not None:  # closed where another process held it
+            with self._lock:
+                hosted = self._open.pop(session_id, None)
         if hosted is None:
             raise Refused(404, "no such session: unknown, or closed")
+        if final and self.config.sessions is not None:
+            (self.config.sessions / session_id / CLOSED).touch()
         hosted.live.close()
         return hosted
 
@@ -147,5 +205,6 @@ class Sessions:
         return sum(h.live.in_flight for h in self.all())
 
     def close_all(self) -> None:
+        """At shutdown: every session closed, its folder left to be continued."""
         for hosted in self.all():
-            self.close(hosted.id)
+            self.close(hosted.id, final=False)

@@ -13,14 +13,16 @@ from pathlib import Path
 
 from inf_mllm.policies import policy_options
 from inf_mllm.pool import SessionPool
-from inf_mllm.spec import PolicySpec, parse_budget
+from inf_mllm.spec import PolicySpec, Recall, parse_budget
 from models import load_adapter, runs_here
 
 from .budgets import headroom, open_session
 from .checks import one_line
+from .engine import Answer
 from .live import LiveSession
 from .memory import auto_budget
 
+ANSWER_FIELDS = set(Answer.__dataclass_fields__)
 MODELS = runs_here()  # the models that load with no folder (models.ADAPTERS); `python -m app --hf DIR` adds checkpoints
 CHECKPOINTS: dict[str, str] = {}  # model name in the list → transformers checkpoint folder (`--model hf`)
 _adapters: dict[str, object] = {}
@@ -104,18 +106,48 @@ def add_checkpoint(folder: str) -> str:
 
 
 class HostedSession(LiveSession):
-    """A viewer's or client's live session on its model's shared pool, opened from its settings."""
+    """A viewer's or client's live session on its model's shared pool, opened from its settings. With a session
+    `folder` (streaming/session_dir.py) its clips are stored there and every answer is written there before it is
+    handed over, and a folder opened to resume continues the session after its last stored clip."""
 
-    def __init__(self, settings: Settings, make_source, label: str, answers_after_end: bool = False):
-        self.settings = settings
+    def __init__(self, settings: Settings, make_source, label: str, answers_after_end: bool = False, folder=None):
+        self.settings, self.folder = settings, folder
         spec, budget = settings.spec(), settings.budget_value()
+        if folder is not None and spec.recall is None:
+            spec = spec.with_recall(Recall())  # a folder's session is its store
         adapter = shared_adapter(settings.model).fork()
         pool = shared_pool(settings.model)
+        extra = {"store": folder.open_store()} if folder is not None else {}
+        resume_at, before = (0, 0.0), []
         try:  # the system prompt's prefill, on the pool's thread
-            session, _ = pool.call(None, open_session, adapter, spec, budget, settings.max_new_tokens)
+            session, _ = pool.call(None, open_session, adapter, spec, budget, settings.max_new_tokens, **extra)
             session.cache.reserve(headroom(adapter, settings.max_new_tokens))
+            if folder is not None and folder.resume:
+                resume_at = folder.resume_point(session.store)
+                pool.call(None, session.restore)
+                before = [Answer(**{k: v for k, v in row.items() if k in ANSWER_FIELDS}) for row in folder.answered()]
             session = pool.admit(session)
         except ValueError as err:  # too small a budget, a bad window, no room in the pool: as stream-qa says it
+            if folder is not None:
+                folder.close(folder.store)
             raise BadInput(one_line(err).removeprefix("--")) from err
-        super().__init__(adapter, session, make_source, label, clip_seconds=settings.clip_seconds,
-                         max_new_tokens=settings.max_new_tokens, answers_after_end=answers_after_end)
+        try:
+            super().__init__(adapter, session, make_source, label, clip_seconds=settings.clip_seconds,
+                             max_new_tokens=settings.max_new_tokens, answers_after_end=answers_after_end,
+                             resume_at=resume_at, transcript=before)
+        except BaseException:
+            if folder is not None:
+                folder.close(folder.store)
+            raise
+
+    def _answered(self, answer) -> None:
+        if self.folder is not None:
+            self.folder.write_answer(answer.as_dict())  # on disk before the client has it
+        super()._answered(answer)
+
+    def close(self) -> None:
+        store = self.session.store if self.session is not None else None
+        super().close()
+        if self.folder is not None:
+            self.folder.close(store)  # released for the next writer (another process, after a restart)
+            self.folder = None

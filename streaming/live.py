@@ -52,29 +52,36 @@ class LiveSession:
     takes, with `live`, `ended` and a `stop` event it honours)."""
 
     def __init__(self, adapter, session, make_source, label: str, clip_seconds: float = 2.0,
-                 max_new_tokens: int = 16, answers_after_end: bool = False):
+                 max_new_tokens: int = 16, answers_after_end: bool = False, resume_at: tuple[int, float] = (0, 0.0),
+                 transcript: list | None = None):
         """`answers_after_end`: once the source has ended, questions about what was seen are still answered
-        (until `close`); otherwise the session is finished when its video is."""
+        (until `close`); otherwise the session is finished when its video is. `resume_at` (clips already stored,
+        their video time) and `transcript` (the answers given before): a session continued from its folder."""
         self.adapter, self.session, self.label = adapter, session, label
         self.answers_after_end = answers_after_end
         self.source_ended = threading.Event()
         self._asked = threading.Event()
         self.engine = TurnEngine(adapter, session, clip_seconds=clip_seconds, max_new_tokens=max_new_tokens)
-        self.source = make_source(self.engine.stop)
+        self.engine.resume_at, self.engine.video_t = resume_at, resume_at[1]
+        try:
+            self.source = make_source(self.engine.stop)
+        except BaseException:  # a source that cannot open: the session's room in its pool is given back
+            session.close()
+            raise
         self.engine.drop_when_full = self.source.live
         budgets = session.cache.budgets
         self.budget_tokens = max(budgets) if budgets else None
         self.schedule = LockedSchedule()
         self.waiting: dict[int, tuple] = {}  # id(question) -> (the question, its queue), until it is answered
         self.current = None
-        self.transcript: list[Answer] = []
+        self.transcript: list[Answer] = list(transcript or [])
         self.samples: list[dict] = []
         self.notices: list[str] = []  # things a page should say in its chat (a source that failed)
         self.notice_log: list[str] = []  # all of them, for API clients
         self.finished = threading.Event()
         self.closing = False
         self.last_active = time.monotonic()
-        self._sample(0.0, "start")
+        self._sample(resume_at[1], "start")
         self.thread = threading.Thread(target=self._run, name="live-session", daemon=True)
         self.thread.start()
 

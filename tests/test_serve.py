@@ -114,3 +114,35 @@ def test_openapi_docs_are_served(server):
     assert {"/v1/sessions", "/v1/sessions/{session_id}/frames", "/v1/sessions/{session_id}/questions",
             "/healthz", "/metrics"} <= set(spec["paths"])
     assert httpx.get(f"{url}/docs").status_code == 200
+
+
+def test_a_session_with_a_folder_continues_in_a_new_server_after_a_kill(tmp_path):
+    """kill -9 mid-stream: every answer delivered and every clip stored is there when the next server process
+    continues the session at its next request; the client's next frames and questions go on."""
+    folders = tmp_path / "sessions"
+    frames = list(FileSource(bundled_clip(), fps=1.0))
+    with serving(tmp_path / "one", "--sessions", str(folders)) as (url, _, process):
+        client = Client(url, token=TOKEN)
+        session = client.open(budget="256", clip_seconds=2.0)
+        for frame in frames[:7]:
+            session.push(frame.rgb, frame.t)
+        first = session.answer("is there a bicycle now?", at=4.0)
+        stored = session.state()["telemetry"]["clips"]
+        process.kill()
+        process.wait()
+    assert stored >= 2 and (folders / session.id / "transcript.jsonl").read_text().count("\n") == 1
+    with serving(tmp_path / "two", "--sessions", str(folders)) as (url, _, _):
+        client = Client(url, token=TOKEN)
+        session.client = client  # the same session id, on the new process
+        assert session.transcript() == [first]  # delivered before the kill: kept
+        for frame in frames[7:]:
+            session.push(frame.rgb, frame.t)  # frame 6 went to the killed process unstored: lost
+        session.end()
+        late = session.answer("what was on screen at the start?", at=20.0)
+        assert late["video_t"] >= 10.0 and late["answer"]
+        assert "clip 1" in late["looked_up"]  # the first clip, stored before the kill, answers it
+        assert [a["question"] for a in session.transcript()] == ["is there a bicycle now?",
+                                                                 "what was on screen at the start?"]
+        session.close()
+        with pytest.raises(RemoteError, match="no such session"):
+            session.state()  # closed by its client: never continued again
