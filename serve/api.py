@@ -88,7 +88,9 @@ def _sse(event: str, data) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
-def create_app(config: ServerConfig | None = None) -> FastAPI:
+def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
+    """`held(session_id)`, awaited whenever this process serves a request of a session: how Ray Serve's
+    multiplexing learns which replica holds it (serve/ray_app.py)."""
     config = config or ServerConfig()
     sessions, metrics = Sessions(config), Metrics()
 
@@ -167,7 +169,11 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
     async def find(session_id: str):
         """The session; one this process does not hold is continued from its folder, off the event loop."""
         hosted = sessions.held(session_id)
-        return hosted if hosted is not None else await run_in_threadpool(sessions.get, session_id)
+        if hosted is None:
+            hosted = await run_in_threadpool(sessions.get, session_id)
+        if held is not None:
+            await held(session_id)
+        return hosted
 
     def pushed_to(hosted):
         if hosted.pushed is None:
@@ -176,7 +182,7 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
 
     def state(hosted) -> dict:
         live = hosted.live
-        return {"id": hosted.id, "settings": live.settings.__dict__, "source": hosted.source,
+        return {"id": hosted.id, "replica": config.replica, "settings": live.settings.__dict__, "source": hosted.source,
                 "budget_tokens": live.budget_tokens, "telemetry": live.telemetry(),
                 "memory": live.samples[-1] if live.samples else None, "ended": live.source_ended.is_set(),
                 "frames_pushed": hosted.pushed.pushed if hosted.pushed else None}
@@ -192,13 +198,15 @@ def create_app(config: ServerConfig | None = None) -> FastAPI:
         return Response(metrics.render(sessions.all()), media_type=CONTENT_TYPE)
 
     @app.post("/v1/sessions", status_code=201, dependencies=v1)
-    def open_session(req: OpenRequest):
+    async def open_session(req: OpenRequest):
         settings = Settings(model=req.model, policy=req.policy, budget=req.budget, bias=req.bias,
                             window=req.window, fps=req.fps, clip_seconds=req.clip_seconds,
                             max_new_tokens=req.max_new_tokens)
         if req.model not in MODELS:
             raise Refused(400, f"unknown model {req.model!r}; available: {', '.join(MODELS)}")
-        hosted = sessions.open(settings, req.source.model_dump() if req.source else None)
+        hosted = await run_in_threadpool(sessions.open, settings, req.source.model_dump() if req.source else None)
+        if held is not None:
+            await held(hosted.id)
         return state(hosted)
 
     @app.get("/v1/sessions/{session_id}", dependencies=v1)

@@ -203,11 +203,11 @@ class TurnEngine:
                 if item is _END:
                     break
                 if item is _WAKE:  # between turns and idle: untimed questions, and those the video has reached
-                    for q in schedule.due(self.video_t) if self.telemetry.clips else []:
+                    for q in schedule.due(self.video_t) if self.has_clips else []:
                         yield self.answer(q, on_token)
                     continue
                 # questions due by the start of this clip go in before it; nothing is asked of an empty cache
-                for q in schedule.due(item.start) if self.telemetry.clips else []:
+                for q in schedule.due(item.start) if self.has_clips else []:
                     yield self.answer(q, on_token)
                 if self.feed(item) and on_clip:
                     on_clip(item)
@@ -218,6 +218,11 @@ class TurnEngine:
         finally:
             self.stop.set()
             thread.join(timeout=5)
+
+    @property
+    def has_clips(self) -> bool:
+        """Whether the cache holds a clip to ask about: one of this run's, or a resumed session's stored ones."""
+        return self.telemetry.clips > 0 or self.resume_at[0] > 0
 
     def feed(self, clip: Clip) -> bool:
         """One clip turn, on the model thread; False when a fault dropped it (the session is as it was before

@@ -165,7 +165,8 @@ class LiveSession:
 
     def telemetry(self) -> dict:
         t, last = self.engine.telemetry, self.transcript[-1] if self.transcript else None
-        return {"video_s": round(self.engine.video_t, 2), "clips": t.clips, "dropped": t.dropped,
+        return {"video_s": round(self.engine.video_t, 2), "clips": t.clips + self.engine.resume_at[0],  # stored too
+                "dropped": t.dropped,
                 "ingest_speed": round(t.ingest_speed, 2) if t.ingest_s else None,
                 "ttft_s": last.ttft_s if last else None, "tokens_per_s": last.tokens_per_s if last else None,
                 "answers": len(self.transcript), "finished": self.finished.is_set(), "notices": list(self.notice_log)}

@@ -17,6 +17,8 @@ import numpy as np
 
 from .errors import UserError
 
+ROUTE_HEADER = "serve_multiplexed_model_id"  # Ray Serve routes a session's requests by it (serve/ray_app.py)
+
 
 class RemoteError(UserError):
     """The server refused a request, or could not be reached; one line."""
@@ -36,6 +38,14 @@ def _check(response: httpx.Response) -> httpx.Response:
     return response
 
 
+def _own_error(response: httpx.Response) -> bool:
+    """Whether a failure is the server's own answer (JSON, {"error": …}) rather than a proxy's."""
+    try:
+        return isinstance(response.json(), dict) and "error" in response.json()
+    except ValueError:
+        return False
+
+
 def encoded(rgb: np.ndarray, kind: str = "JPEG") -> bytes:
     """A frame as JPEG (quality 90: small) or PNG (lossless: the server sees the pixels decoded here)."""
     from PIL import Image
@@ -46,22 +56,34 @@ def encoded(rgb: np.ndarray, kind: str = "JPEG") -> bytes:
 
 
 class Client:
-    def __init__(self, url: str, token: str | None = None, timeout: float = 120.0, retries: int = 20):
+    def __init__(self, url: str, token: str | None = None, timeout: float = 120.0, retries: int = 20,
+                 failovers: int = 20):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
-        self.url, self.retries = url, retries
+        self.url, self.retries, self.failovers = url, retries, failovers
 
     def request(self, method: str, path: str, **kw) -> httpx.Response:
-        """One request; 429 and 503 are retried after the server's Retry-After, `retries` times."""
+        """One request; 429 and 503 are retried after the server's Retry-After, `retries` times. Behind Ray Serve a
+        replica that dies takes its requests with it: a broken connection or a failure that is not the server's
+        own JSON error is retried too (the session continues on another replica), `failovers` times."""
+        failovers = 0
         for attempt in range(self.retries + 1):
             try:
                 response = self.http.request(method, path, **kw)
             except httpx.HTTPError as err:
-                raise RemoteError(f"server {self.url}: {type(err).__name__}: {str(err) or 'no answer'}") from None
+                if isinstance(err, httpx.ConnectError) or failovers >= self.failovers:
+                    raise RemoteError(f"server {self.url}: {type(err).__name__}: {str(err) or 'no answer'}") from None
+                failovers += 1
+                time.sleep(0.5)
+                continue
+            if response.status_code in (500, 502, 504) and not _own_error(response) and failovers < self.failovers:
+                failovers += 1
+                time.sleep(0.5)
+                continue
             if response.status_code not in (429, 503) or attempt == self.retries:
                 return _check(response)
             time.sleep(float(response.headers.get("retry-after", "1")))
-        raise AssertionError("unreachable")
+        return _check(response)
 
     def health(self) -> dict:
         return self.request("GET", "/healthz").json()
@@ -80,28 +102,30 @@ class RemoteSession:
     def __init__(self, client: Client, state: dict):
         self.client, self.id, self.opened = client, state["id"], state
         self.path = f"/v1/sessions/{self.id}"
+        self.route = {ROUTE_HEADER: self.id}  # on Ray Serve: to the replica that holds this session
+
+    def _request(self, method: str, suffix: str = "", headers: dict | None = None, **kw) -> httpx.Response:
+        return self.client.request(method, self.path + suffix, headers=self.route | (headers or {}), **kw)
 
     def push(self, frame, t: float) -> dict:
         """A frame at video time `t`: an (H, W, 3) uint8 array (sent as JPEG) or JPEG/PNG bytes."""
         data = frame if isinstance(frame, bytes) else encoded(frame)
         kind = "image/png" if data[:8] == b"\x89PNG\r\n\x1a\n" else "image/jpeg"
-        return self.client.request("POST", f"{self.path}/frames", params={"t": t}, content=data,
-                                   headers={"content-type": kind}).json()
+        return self._request("POST", "/frames", params={"t": t}, content=data, headers={"content-type": kind}).json()
 
     def push_video(self, data: bytes, start: float | None = None, kind: str = "video/mp4") -> dict:
         params = {"start": start} if start is not None else {}
-        return self.client.request("POST", f"{self.path}/video", params=params, content=data,
-                                   headers={"content-type": kind}).json()
+        return self._request("POST", "/video", params=params, content=data, headers={"content-type": kind}).json()
 
     def end(self) -> dict:
-        return self.client.request("POST", f"{self.path}/end").json()
+        return self._request("POST", "/end").json()
 
     def events(self, text: str, at: float | None = None) -> Iterator[tuple[str, dict]]:
         """Ask now (the request is sent before this returns); then (event, data) as the answer comes: ("start",
         {video_t}), ("token", {text})…, ("answer", record)."""
         body = {"text": text, "at": at, "stream": True}
         for attempt in range(self.client.retries + 1):
-            request = self.client.http.build_request("POST", f"{self.path}/questions", json=body,
+            request = self.client.http.build_request("POST", f"{self.path}/questions", json=body, headers=self.route,
                                                      timeout=httpx.Timeout(30.0, read=None))
             try:
                 response = self.client.http.send(request, stream=True)
@@ -140,16 +164,16 @@ class RemoteSession:
     def answer(self, text: str, at: float | None = None) -> dict:
         """The answer's record (the fields of `stream-qa --json`)."""
         body = {"text": text, "at": at, "stream": False}
-        return self.client.request("POST", f"{self.path}/questions", json=body).json()
+        return self._request("POST", "/questions", json=body).json()
 
     def state(self) -> dict:
-        return self.client.request("GET", self.path).json()
+        return self._request("GET").json()
 
     def transcript(self) -> list[dict]:
-        return self.client.request("GET", f"{self.path}/transcript").json()
+        return self._request("GET", "/transcript").json()
 
     def close(self) -> dict:
-        return self.client.request("DELETE", self.path).json()
+        return self._request("DELETE").json()
 
 
 def run_remote(args, source, questions, out, say) -> int:
