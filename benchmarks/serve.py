@@ -14,6 +14,7 @@ request's status (answered, refused with 429, server errors), the most KV tokens
 RSS after each wave (flat: the second wave's sessions live in the first one's memory).
 """
 
+import contextlib
 import statistics
 import tempfile
 import threading
@@ -37,25 +38,90 @@ def run(args):
     counts = [1, 2] if args.quick else [1, 2, 4]
     rounds = 2 if args.quick else 6
     records = []
-    with tempfile.TemporaryDirectory() as tmp:
-        with serving(Path(tmp) / "a", token=None, max_sessions=16, max_questions=64) as (url, media, _):
-            for n in tqdm(counts, desc="sessions"):
-                result = paired(media / "bikes.mp4", url, n, rounds)
-                for mode in ("in-process", "embedded"):
-                    r = result[mode]
-                    records += [record("serve", mode, BUDGET, metric, round(value, 4), n) for metric, value in (
-                        ("ttft_s", _p(r["ttft"], 50)), ("ttft_p95_s", _p(r["ttft"], 95)),
-                        ("answer_s", _p(r["total"], 50)), ("answer_p95_s", _p(r["total"], 95)),
-                        ("questions_per_s", len(r["total"]) / r["wall"]))]
-                added = [e - i for e, i in zip(result["embedded"]["total"], result["in-process"]["total"],
-                                                  strict=True)]
-                records.append(record("serve", "embedded over in-process (paired)", BUDGET, "overhead_ms",
+    with tempfile.TemporaryDirectory() as tmp, \
+            serving(Path(tmp) / "a", token=None, max_sessions=16, max_questions=64) as (url, media, _), \
+            ray_serving(Path(tmp) / "ray", media) as ray_url:
+        for n in tqdm(counts, desc="sessions"):
+            result = paired(media / "bikes.mp4", {"embedded": url, "ray": ray_url}, n, rounds)
+            for mode, r in result.items():
+                records += [record("serve", mode, BUDGET, metric, round(value, 4), n) for metric, value in (
+                    ("ttft_s", _p(r["ttft"], 50)), ("ttft_p95_s", _p(r["ttft"], 95)),
+                    ("answer_s", _p(r["total"], 50)), ("answer_p95_s", _p(r["total"], 95)),
+                    ("questions_per_s", len(r["total"]) / r["wall"]))]
+            for mode, over in (("embedded", "in-process"), ("ray", "embedded")):
+                added = [a - b for a, b in zip(result[mode]["total"], result[over]["total"], strict=True)]
+                records.append(record("serve", f"{mode} over {over} (paired)", BUDGET, "overhead_ms",
                                       round(statistics.median(added) * 1e3, 2), n))
-        (Path(tmp) / "b").mkdir()
-        with serving(Path(tmp) / "b", token=None, max_sessions=CAPACITY, max_questions=64) as (url, _, process):
+        records += failover(Path(tmp) / "ray", ray_url, tries=1 if args.quick else 3)
+    with tempfile.TemporaryDirectory() as tmp:
+        with serving(Path(tmp), token=None, max_sessions=CAPACITY, max_questions=64) as (url, _, process):
             records += load(url, process.pid, clients=2 * CAPACITY, waves=1 if args.quick else 2)
     print_table(records, sorted({r["metric"] for r in records}))
     write(args.out, "serve", records, ["answer_s", "ttft_s"], x_label="sessions")
+
+
+@contextlib.contextmanager
+def ray_serving(folders: Path, media: Path):
+    """A local Ray cluster (this machine's cores) with the deployment of serve/ray_app.py: one replica with both
+    cores for the latency rounds, as the embedded server has them; its URL."""
+    import ray
+    from ray import serve
+
+    from jetson.reliability.server import free_port
+    from serve.ray_app import build
+
+    port = free_port()
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build({"replicas": 1, "replica_cpus": 2, "sessions": str(folders), "media": str(media),
+                         "max_sessions": 16, "max_questions": 64}), name="stream-qa", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def failover(folders: Path, url: str, tries: int) -> list[dict]:
+    """Two replicas (a core each); a session on one, asked, its replica killed with `ray.kill`: seconds until the
+    session answers again from the other, continued from its folder. Each try waits for the killed replica's
+    replacement to load before the next."""
+    import ray
+    from ray import serve
+
+    from serve.ray_app import build
+    from streaming.remote import Client
+    from streaming.sources import FileSource, bundled_clip
+
+    serve.delete("stream-qa")  # its one replica holds both cores: the two below could not start beside it
+    serve.run(build({"replicas": 2, "sessions": str(folders), "max_sessions": 16}), name="stream-qa",
+              route_prefix="/")
+    frames = list(FileSource(bundled_clip(), fps=1.0))
+    client, out = Client(url), []
+    for i in range(tries):
+        session = client.open(budget=str(BUDGET), clip_seconds=2.0)
+        for frame in frames[:7]:
+            session.push(frame.rgb, frame.t)
+        session.answer(QUESTIONS[0], at=4.0)
+        holder = session.state()["replica"]
+        name = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(holder))
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+        t0 = time.perf_counter()
+        session.answer(QUESTIONS[1])
+        out.append(record("serve", "ray failover", BUDGET, "first_answer_s", round(time.perf_counter() - t0, 3),
+                          i + 1))
+        session.close()
+        deadline = time.monotonic() + 300  # the replacement replica loads its model before the next try
+        while time.monotonic() < deadline and _running(serve) < 2:
+            time.sleep(1)
+    client.close()
+    return out
+
+
+def _running(serve) -> int:
+    """Replicas of the deployment up and serving."""
+    states = serve.status().applications["stream-qa"].deployments["StreamServer"].replica_states
+    return sum(count for state, count in states.items() if str(getattr(state, "value", state)) == "RUNNING")
 
 
 def _p(values, q) -> float:
@@ -63,30 +129,32 @@ def _p(values, q) -> float:
     return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
 
 
-def paired(clip: Path, url: str, n: int, rounds: int) -> dict:
-    """n sessions in this process and n on the server, each having played the clip; then, question by question,
-    all n in-process sessions asked at once, then all n on the server: the two modes alternate, so a drift of
-    the machine's speed reaches both."""
+def paired(clip: Path, urls: dict, n: int, rounds: int) -> dict:
+    """n sessions in this process and n on each server, each having played the clip; then, question by question,
+    all n in-process sessions asked at once, then all n on each server in turn: the modes alternate, so a drift
+    of the machine's speed reaches them all."""
     from streaming.hosted import HostedSession, Settings
     from streaming.remote import Client
     from streaming.sources import FileSource
 
-    client = Client(url)
-    remote = [client.open(budget=str(BUDGET), clip_seconds=2.0, source={"file": "bikes.mp4", "realtime": False})
-              for _ in range(n)]
+    clients = {mode: Client(url) for mode, url in urls.items()}
+    remote = {mode: [c.open(budget=str(BUDGET), clip_seconds=2.0, source={"file": "bikes.mp4", "realtime": False})
+                     for _ in range(n)] for mode, c in clients.items()}
     settings = Settings(budget=str(BUDGET), clip_seconds=2.0)
     local = [HostedSession(settings, lambda stop: FileSource(clip, fps=1.0), "bench", answers_after_end=True)
              for _ in range(n)]
-    out = {mode: {"ttft": [], "total": [], "wall": 0.0} for mode in ("in-process", "embedded")}
+    modes = [("in-process", local, _ask_here)] + [(mode, sessions, _ask_there) for mode, sessions in remote.items()]
+    out = {mode: {"ttft": [], "total": [], "wall": 0.0} for mode, _, _ in modes}
     try:
         for s in local:
             s.source_ended.wait(300)
-        for s in remote:
-            while not s.state()["ended"]:
-                time.sleep(0.05)
+        for sessions in remote.values():
+            for s in sessions:
+                while not s.state()["ended"]:
+                    time.sleep(0.05)
         for _ in range(rounds):
             for text in QUESTIONS:
-                for mode, sessions, ask in (("in-process", local, _ask_here), ("embedded", remote, _ask_there)):
+                for mode, sessions, ask in modes:
                     times, wall = _at_once([lambda s=s, ask=ask, text=text: ask(s, text) for s in sessions])
                     out[mode]["wall"] += wall
                     for first, total in times:
@@ -95,9 +163,11 @@ def paired(clip: Path, url: str, n: int, rounds: int) -> dict:
     finally:
         for s in local:
             s.close()
-        for s in remote:
-            s.close()
-        client.close()
+        for sessions in remote.values():
+            for s in sessions:
+                s.close()
+        for c in clients.values():
+            c.close()
     return out
 
 
@@ -141,7 +211,7 @@ def _ask_there(session, text) -> tuple[float, float]:
     return (first or end) - t0, end - t0
 
 
-def load(url: str, pid: int, clients: int, waves: int) -> list[dict]:
+def load(url: str, pid: int, clients: int, waves: int, headers: dict | None = None) -> list[dict]:
     """`clients` at once against a server of CAPACITY sessions, `waves` times; see the module's docstring."""
     from streaming.remote import encoded
     from streaming.sources import FileSource, bundled_clip
@@ -171,7 +241,7 @@ def load(url: str, pid: int, clients: int, waves: int) -> list[dict]:
             statuses.append(http.delete(f"/v1/sessions/{sid}").status_code)
 
     t0 = time.perf_counter()
-    with httpx.Client(base_url=url, timeout=300) as http:
+    with httpx.Client(base_url=url, timeout=300, headers=headers) as http:
         for _ in range(waves):
             threads = [threading.Thread(target=one, args=(http,)) for _ in range(clients)]
             for thread in threads:

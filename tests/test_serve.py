@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from jetson.reliability.server import ROWS, TOKEN, run_rows, serving
+from jetson.reliability.server import TOKEN, run_rows, serving
 from streaming.remote import Client, RemoteError
 from streaming.sources import FileSource, bundled_clip
 
@@ -146,3 +146,17 @@ def test_a_session_with_a_folder_continues_in_a_new_server_after_a_kill(tmp_path
         session.close()
         with pytest.raises(RemoteError, match="no such session"):
             session.state()  # closed by its client: never continued again
+
+
+def test_at_twice_its_capacity_every_request_is_answered_or_refused_with_429(server):
+    """A bounded load: 8 clients at once against 4 sessions (and 2 questions in flight), each opening, pushing the
+    clip, asking three questions and closing; then the server is still up and holds nothing."""
+    from benchmarks.serve import load
+
+    url, _, process = server
+    records = {(r["policy"], r["metric"]): r["value"]
+               for r in load(url, process.pid, clients=8, waves=1, headers={"Authorization": f"Bearer {TOKEN}"})}
+    assert records[("load", "errors")] == 0 and records[("load", "refused")] > 0
+    assert records[("load answered", "requests")] >= 4 * 13  # the first 4 clients: open, 10 frames, end, close
+    assert records[("load", "kv_tokens")] <= 256 + 50  # every session within its budget (+ question and answer)
+    assert httpx.get(f"{url}/healthz").json()["sessions"] == 0 and process.poll() is None
