@@ -4,10 +4,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
+
+from jetson.reliability.server import stop, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTEFACTS = ROOT / "tests" / "artefacts"  # screenshots and logs of the browser tests (git-ignored)
@@ -30,26 +30,11 @@ def running_app(*args, log_name="app.log"):
                             stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the app exited with {proc.returncode}: {(ARTEFACTS / log_name).read_text()}")
-            try:
-                urllib.request.urlopen(url, timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        wait_until_up(proc, url, ARTEFACTS / log_name, timeout=120)
         assert url in (ARTEFACTS / log_name).read_text()  # the URL is printed for the user
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        stop(proc, log, grace=15)
 
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright cannot download browsers here

@@ -391,21 +391,31 @@ def serving(tmp: Path, *extra: str, token: str | None = TOKEN, **limits):
     process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"the server exited ({process.returncode}): {(tmp / 'server.log').read_text()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not answer /healthz within 300 s")
-            time.sleep(0.25)
+        wait_until_up(process, f"{url}/healthz", tmp / "server.log", timeout=300)
         yield url, media, process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
+        stop(process, log, grace=30)
+
+
+def wait_until_up(process: subprocess.Popen, url: str, log: Path, timeout: float) -> None:
+    """Until `url` answers 200; a process that exits first, or `timeout` seconds, is an error with its log."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[2]} exited ({process.returncode}): {log.read_text()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer within {timeout:g} s: {log.read_text()[-2000:]}")
+        time.sleep(0.25)
+
+
+def stop(process: subprocess.Popen, log, grace: float) -> None:
+    """SIGTERM, `grace` seconds to finish, then SIGKILL; its log file closed."""
+    process.terminate()
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
