@@ -352,7 +352,7 @@ def run_rows(url: str, media: Path, only: str | None = None) -> list[dict]:
             except httpx.HTTPError:
                 up = False
             expected = (f"{row.status}" if row.status else "see observed") + ", one JSON line, server up"
-            rows.append({"input": row.name, "where": "server", "expected": expected,
+            rows.append({"input": f"server: {row.name}", "where": "server", "expected": expected,
                          "observed": outcome["observed"] + ("" if up else " [SERVER DOWN]"),
                          "ok": outcome["ok"] and up})
     return rows
