@@ -30,6 +30,7 @@ from .common import print_table, record, write
 BUDGET = 256
 QUESTIONS = ["what is on screen?", "is there a bicycle now?", "did you see a person?", "is there a car?"]
 CAPACITY = 4
+SSE_BATCH_MS = 50  # Ray's tokens after an answer's first go out in chunks of 50 ms (serve/ray_config.yaml's setting)
 
 
 def run(args):
@@ -75,7 +76,8 @@ def ray_serving(folders: Path, media: Path):
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build({"replicas": 1, "replica_cpus": 2, "sessions": str(folders), "media": str(media),
-                         "max_sessions": 16, "max_questions": 64}), name="stream-qa", route_prefix="/")
+                         "max_sessions": 16, "max_questions": 64, "sse_batch_ms": SSE_BATCH_MS}),
+                  name="stream-qa", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()

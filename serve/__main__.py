@@ -27,6 +27,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-questions", type=int, default=d.max_questions, help="in flight, all sessions together")
     p.add_argument("--max-upload-mb", type=float, default=d.max_upload_mb)
     p.add_argument("--idle", type=float, default=d.idle_s, metavar="S", help="close a session idle this long")
+    p.add_argument("--sse-batch-ms", type=float, default=d.sse_batch_ms, metavar="MS",
+                   help="send an answer's tokens (after its first) that come within MS of each other as one chunk "
+                        "(default 0: each at once; behind a proxy each chunk costs a hop)")
     return p
 
 
@@ -61,6 +64,7 @@ def main(argv=None) -> int:
             return 2
     config = ServerConfig(media=media, sessions=sessions, token=args.token or None, max_sessions=args.max_sessions,
                           max_questions=args.max_questions, max_upload_mb=args.max_upload_mb, idle_s=args.idle,
+                          sse_batch_ms=args.sse_batch_ms,
                           preload=tuple(args.model or ("tiny-vlm",)) + tuple(offered))
     print(f"python -m serve: loading {', '.join(config.preload)}; then http://{args.host}:{args.port} "
           f"(API docs at /docs)", file=sys.stderr, flush=True)

@@ -269,28 +269,46 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
         events = _ToLoop(asyncio.get_running_loop())
         hosted.live.ask(req.text, req.at, out=events)
 
-        async def answer_events():
-            text = []
-            while True:
-                item = await events.queue.get()
-                if item is None:
-                    yield _sse("error", {"error": "the stream ended before this question's turn"})
-                    return
-                if isinstance(item, tuple):
-                    yield _sse("start", {"video_t": item[1]})
-                elif isinstance(item, str):
-                    text.append(item)
-                    yield _sse("token", {"text": item})
-                else:
-                    metrics.answered(item, hosted.live.telemetry())
-                    yield _sse("answer", item.as_dict())
-                    return
+        async def answer_events(batch_s: float):
+            """SSE chunks of the answer's events; tokens after the first that come within `batch_s` of each other
+            go out as one chunk (each chunk costs a hop through a proxy such as Ray's)."""
+            loop, pending, deadline, tokens = asyncio.get_running_loop(), b"", None, 0
+            getter = asyncio.ensure_future(events.queue.get())  # kept across waits: a timed-out wait loses nothing
+            try:
+                while True:
+                    if deadline is not None:
+                        done, _ = await asyncio.wait({getter}, timeout=max(0.0, deadline - loop.time()))
+                        if not done:
+                            yield pending
+                            pending, deadline = b"", None
+                            continue
+                    item = await getter
+                    getter = asyncio.ensure_future(events.queue.get())
+                    if item is None:
+                        yield pending + _sse("error", {"error": "the stream ended before this question's turn"})
+                        return
+                    if isinstance(item, tuple):
+                        chunk = _sse("start", {"video_t": item[1]})
+                    elif isinstance(item, str):
+                        chunk, tokens = _sse("token", {"text": item}), tokens + 1
+                    else:
+                        metrics.answered(item, hosted.live.telemetry())
+                        yield pending + _sse("answer", item.as_dict())
+                        return
+                    if isinstance(item, str) and tokens > 1 and batch_s > 0:
+                        pending += chunk
+                        deadline = deadline if deadline is not None else loop.time() + batch_s
+                    else:
+                        yield pending + chunk
+                        pending, deadline = b"", None
+            finally:
+                getter.cancel()
 
         if req.stream:
-            return StreamingResponse(answer_events(), media_type="text/event-stream",
+            return StreamingResponse(answer_events(config.sse_batch_ms / 1e3), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         last = None
-        async for chunk in answer_events():
+        async for chunk in answer_events(0.0):
             last = chunk
         event, data = last.decode().split("\n", 1)
         record = json.loads(data.removeprefix("data: "))

@@ -14,6 +14,7 @@ class ServerConfig:
     max_upload_mb: float = 32.0  # one frame or one chunk of video
     push_wait_s: float = 5.0  # how long a pushed frame waits for room before 429
     idle_s: float = 600.0  # a session no request touched for this long is closed
+    sse_batch_ms: float = 0.0  # an answer's tokens after its first, this close together, go out as one SSE chunk
     replica: str | None = None  # this process's name among a deployment's replicas (Ray Serve), in each state
     preload: tuple[str, ...] = field(default_factory=lambda: ("tiny-vlm",))  # models loaded before serving
 

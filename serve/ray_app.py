@@ -33,7 +33,7 @@ def server_config(args: dict) -> ServerConfig:
             out[key] = Path(value) if value else None
         elif key in ("max_sessions", "max_questions"):
             out[key] = int(value)
-        elif key in ("max_upload_mb", "push_wait_s", "idle_s"):
+        elif key in ("max_upload_mb", "push_wait_s", "idle_s", "sse_batch_ms"):
             out[key] = float(value)
         elif key == "preload":
             out[key] = tuple(value.split(",")) if isinstance(value, str) else tuple(value)

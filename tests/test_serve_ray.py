@@ -26,8 +26,8 @@ def cluster(tmp_path_factory):
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         folders = tmp_path_factory.mktemp("sessions")
-        serve.run(build({"replicas": 2, "sessions": str(folders), "max_sessions": 4}), name="stream-qa",
-                  route_prefix="/")
+        serve.run(build({"replicas": 2, "sessions": str(folders), "max_sessions": 4, "sse_batch_ms": 50}),
+                  name="stream-qa", route_prefix="/")
         yield ray, f"http://127.0.0.1:{port}", folders
     finally:
         serve.shutdown()
@@ -60,7 +60,9 @@ def test_a_replica_killed_mid_answer_loses_no_delivered_answer_and_no_stored_cli
     for s in sessions:
         for frame in frames[:7]:
             s.push(frame.rgb, frame.t)
-        delivered[s.id].append(s.answer("is there a bicycle now?", at=4.0))
+        streamed = list(s.events("is there a bicycle now?", at=4.0))  # tokens after the first come in 50 ms chunks
+        delivered[s.id].append(streamed[-1][1])
+        assert "".join(d["text"] for e, d in streamed if e == "token").strip() == streamed[-1][1]["answer"]
         assert s.state()["replica"] == s.opened["replica"]  # a session's requests reach the replica holding it
     victim = sessions[0]
     holder = victim.state()["replica"]
