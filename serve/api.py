@@ -33,6 +33,7 @@ from .metrics import CONTENT_TYPE, Metrics
 from .sessions import Refused, Sessions
 
 IMAGE_TYPES = ("image/jpeg", "image/png")
+UNANSWERED = "the stream ended before this question's turn"
 VIDEO_TYPES = ("video/mp4", "video/webm", "video/x-matroska", "video/quicktime", "video/x-msvideo",
                "application/octet-stream")
 
@@ -285,7 +286,7 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
                     item = await getter
                     getter = asyncio.ensure_future(events.queue.get())
                     if item is None:
-                        yield pending + _sse("error", {"error": "the stream ended before this question's turn"})
+                        yield pending + _sse("error", {"error": UNANSWERED})
                         return
                     if isinstance(item, tuple):
                         chunk = _sse("start", {"video_t": item[1]})
@@ -307,14 +308,13 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
         if req.stream:
             return StreamingResponse(answer_events(config.sse_batch_ms / 1e3), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        last = None
-        async for chunk in answer_events(0.0):
-            last = chunk
-        event, data = last.decode().split("\n", 1)
-        record = json.loads(data.removeprefix("data: "))
-        if event == "event: error":
-            raise Refused(409, record["error"])
-        return record
+        while True:  # the record alone: the start and the tokens are passed over
+            item = await events.queue.get()
+            if item is None:
+                raise Refused(409, UNANSWERED)
+            if not isinstance(item, tuple | str):
+                metrics.answered(item, hosted.live.telemetry())
+                return item.as_dict()
 
     return app
 

@@ -6,6 +6,7 @@ the transcript, close. A refusal is a `RemoteError` with the server's one line a
 its Retry-After a few times first.
 """
 
+import contextlib
 import io
 import json
 import threading
@@ -257,9 +258,7 @@ def run_remote(args, source, questions, out, say) -> int:
             raise failed[0]
     finally:
         done.set()
-        try:
+        with contextlib.suppress(RemoteError):  # gone with the server: the run's own outcome is what is said
             session.close()
-        except RemoteError:
-            pass
         client.close()
     return 0

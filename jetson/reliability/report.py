@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+from streaming.records import machine
+
 from .cases import PLAYS, Case
 
 
@@ -71,7 +73,8 @@ def write(rows: list[dict], out: Path, partial: bool) -> list[dict]:
     if partial and (out / "reliability.json").exists():
         fresh = {r["input"]: r for r in rows}
         old = json.loads((out / "reliability.json").read_text())
+        old = old["records"] if isinstance(old, dict) else old  # files before the machine header: a bare list
         rows = [fresh.pop(r["input"], r) for r in old] + list(fresh.values())
-    (out / "reliability.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out / "reliability.json").write_text(json.dumps({"machine": machine(), "records": rows}, indent=1) + "\n")
     (out / "reliability.md").write_text(markdown(rows))
     return rows

@@ -22,6 +22,8 @@ import httpx
 import numpy as np
 from PIL import Image
 
+from streaming.remote import encoded
+
 from .media import clip, write_video
 
 TOKEN = "reliability-token"
@@ -53,9 +55,7 @@ class Ctx:
 
 
 def jpeg(w: int = 64, h: int = 48) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(np.full((h, w, 3), 120, np.uint8)).save(buf, "JPEG")
-    return buf.getvalue()
+    return encoded(np.full((h, w, 3), 120, np.uint8))
 
 
 def image(kind: str, w: int = 64, h: int = 48) -> bytes:
