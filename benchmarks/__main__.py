@@ -15,7 +15,7 @@ import sys
 
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
          "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural", "fingerprint",
-         "recall_path", "streams", "serve")
+         "recall_path", "streams", "serve", "hf_template")
 
 
 def main(argv=None) -> int:

@@ -39,10 +39,15 @@ def observers(observed: list, recall: Recall) -> list:
 
 
 def scoring_layers(recall: Recall, num_layers: int) -> list[int]:
-    layers = range(num_layers) if recall.layers is None else recall.layers
-    if not layers or not all(0 <= i < num_layers for i in layers):
-        raise ValueError(f"recall layers must lie in 0..{num_layers - 1}, got {recall.layers}")
-    return sorted(set(layers))
+    """The layers whose keys score spans in a model `num_layers` deep: the given ones, or the depth fractions'."""
+    if recall.layers is not None:
+        if max(recall.layers) >= num_layers:
+            raise ValueError(f"recall layers must lie in 0..{num_layers - 1} for this {num_layers}-layer model, "
+                             f"got {recall.layers}")
+        return sorted(set(recall.layers))
+    if not recall.depth:
+        return list(range(num_layers))
+    return sorted({min(round(f * num_layers), num_layers - 1) for f in recall.depth})
 
 
 def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> Span:

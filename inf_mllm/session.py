@@ -88,12 +88,19 @@ class StreamSession:
                 raise ValueError("recall works on one stream at a time (batch 1)")
             if self.cache.policy.evict_while_decoding:
                 raise ValueError(f"recall needs a policy that evicts only at turn boundaries, not {spec.policy_name}")
+            recall_.scoring_layers(self.recall, len(self.cache.layers))  # a layer the model lacks: refused now
             self.store = store if isinstance(store, SpanStore) else SpanStore(store)
             self.turns = self.store.next_id
 
     @property
     def device(self):
         return self.model.device
+
+    @property
+    def after_answer(self) -> bool:
+        """True while the last answer's final token is held back for the next turn (which a chat template may open
+        with what it writes after an answer)."""
+        return self._pending is not None
 
     @torch.inference_mode()
     def append(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,

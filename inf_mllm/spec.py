@@ -62,7 +62,11 @@ class Recall:
     named: bool = True  # link exactly the turns the caller resolved a question to (`named`); False: keys only
     at: str = "end"  # where recalled spans sit: "end" (before the question) or "front" (after the sinks)
     reps: int = 32  # representative keys per scoring layer and KV head, besides the mean key
-    layers: tuple[int, ...] | None = (5, 7)  # the layers whose keys score spans (None: every layer)
+    # the layers whose keys score spans: fractions of the model's depth (layers 5 and 7 of SmolLM2's 30 and of a
+    # 7B's 32; layer 0 of a 2-layer model), or `layers`, given indices (checked against the depth when a session
+    # is built); depth=() with layers=None: every layer
+    depth: tuple[float, ...] = (1 / 6, 7 / 30)
+    layers: tuple[int, ...] | None = None
     window: int = 64  # turn queries observed to pick representatives (policies without a window of their own)
     resident: float = 0.5  # a span with at least this share of its tokens still cached is not recalled
     seed: int = 0
@@ -75,6 +79,10 @@ class Recall:
             raise ValueError(f"recall placement must be 'end' or 'front', got {self.at!r}")
         if self.k < 1 or self.reps < 1 or self.window < 1:
             raise ValueError("recall k, reps and window must be at least 1")
+        if not all(0 <= f < 1 for f in self.depth):
+            raise ValueError(f"recall depth fractions must lie in [0, 1), got {self.depth}")
+        if self.layers is not None and (not self.layers or min(self.layers) < 0):
+            raise ValueError(f"recall layers must be layer indices from 0, got {self.layers}")
         self.rng = random.Random(self.seed)
 
     @property

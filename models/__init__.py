@@ -14,6 +14,7 @@ class Adapter(NamedTuple):
     where: str  # "module:Class", imported on use (it pulls in torch models)
     about: str
     needs_path: bool = False  # a checkpoint folder the user gives (else bundled or built here)
+    path_label: str = "PATH"  # what `--help` calls it
 
 
 ADAPTERS = {
@@ -27,7 +28,8 @@ ADAPTERS = {
     "flash-vstream-tiny": Adapter("models.flash_vstream.tiny:FlashVStreamTiny",
                                   "Flash-VStream's STAR memory on tiny-vlm"),
     "hf": Adapter("models.hf.adapter:HFVideo",
-                  "a transformers checkpoint folder: LLaVA-OneVision, SmolVLM2, Qwen2-VL, Qwen2.5-VL", True),
+                  "a transformers checkpoint folder or hub id: LLaVA-OneVision, SmolVLM2, Qwen2-VL, Qwen2.5-VL", True,
+                  "PATH_OR_ID"),
 }
 
 
@@ -38,7 +40,7 @@ def runs_here() -> list[str]:
 
 def usage() -> str:
     """`--model`'s choices in words: "tiny-vlm | chat-univi PATH | …"."""
-    return " | ".join(name + (" PATH" if entry.needs_path else "") for name, entry in ADAPTERS.items())
+    return " | ".join(name + (f" {entry.path_label}" if entry.needs_path else "") for name, entry in ADAPTERS.items())
 
 
 def load_adapter(name: str, path=None, device: str = "cpu"):

@@ -33,10 +33,22 @@ class EncodedClip:
     """A clip as encoding leaves it for the model thread: `visual`, its embeddings in the LLM's input space (or, for
     an adapter that finishes a clip on the model thread, its features), and `meta`, what encoding learned of it that
     the clip log and the span store keep (tiny-vlm: `seen`, the words of the labels its turn carries). Known when
-    the clip is encoded, so nothing reads it back from the embeddings."""
+    the clip is encoded, so nothing reads it back from the embeddings. `times`: the stream seconds of the frames
+    encoded, for a model whose turn says or positions them (None: the adapter places its frames itself)."""
 
     visual: torch.Tensor
     meta: dict = field(default_factory=dict)
+    times: list[float] | None = None
+
+
+def clip_span(timestamps: Sequence[float]) -> tuple[float, float | None]:
+    """(start, end) of a clip known by its frames' times: its last frame lasts as long as the median gap before it
+    (one second for a single frame); (0, None) for no frames."""
+    if not len(timestamps):
+        return 0.0, None
+    times = [float(t) for t in timestamps]
+    step = float(np.median(np.diff(times))) if len(times) > 1 else 1.0
+    return times[0], times[-1] + (step if step > 0 else 1.0)
 
 
 def visual_of(clip: "EncodedClip | torch.Tensor") -> torch.Tensor:
@@ -115,7 +127,9 @@ class VideoAdapter(ABC):
         parts = [self.embed_text(before), visual_of(visual).to(self.device, dtype), self.embed_text(after)]
         return torch.cat(parts)[None]
 
-    def question_turn(self, question: str) -> torch.Tensor:
+    def question_turn(self, question: str, session: StreamSession | None = None) -> torch.Tensor:
+        """The question's ids where `session` stands (the same anywhere but for adapters whose turns follow the
+        conversation so far, such as a template's separator after an answer)."""
         return self.text_ids(self.question_text(question))
 
     def turn_tokens(self) -> int:
@@ -127,13 +141,15 @@ class VideoAdapter(ABC):
         return len(self.text_ids(self.question_text(question))[0])
 
     def new_session(self, policy: PolicySpec | str = "inf_mllm", budget=None, store=None, static: bool = True,
-                    compile_decode: bool = False, **options) -> StreamSession:
+                    compile_decode: bool = False, opening: bool = True, **options) -> StreamSession:
         """`store`: the span store of a policy with recall (a `SpanStore` or a folder; a session folder's);
         `static`, `compile_decode`: how the session keeps K/V and decodes (see StreamSession); none of them a
-        policy option."""
+        policy option. `opening=False`: nothing appended yet, for a caller that lays out the whole conversation."""
         session = StreamSession(self.model, self.tokenizer, policy, budget=budget, store=store, static=static,
                                 compile_decode=compile_decode, **options)  # the session reads the policy, once
-        session.append(self.system_ids(), store=False)
+        ids = self.system_ids() if opening else None
+        if ids is not None and ids.shape[-1]:
+            session.append(ids, store=False)
         return session
 
     def clip_meta(self, clip: EncodedClip | torch.Tensor, index: int, start_s: float, end_s: float | None) -> dict:
@@ -159,12 +175,13 @@ class VideoAdapter(ABC):
         return intent.text
 
     def add_clip(self, session: StreamSession, frames: np.ndarray, timestamps: Sequence[float], index: int) -> None:
+        """Encode and append a clip whose frames were taken at `timestamps` (stream seconds, any spacing)."""
         visual = self.encode(frames, timestamps)
-        self.append_clip(session, visual, index, float(timestamps[0]) if len(timestamps) else 0.0)
+        self.append_clip(session, visual, index, *clip_span(timestamps))
 
     def ask(self, session: StreamSession, question: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
         """Append the question (recalling the stored clips it needs) and stream the answer as text pieces."""
-        session.append_question(self.question_turn(question), named=kwargs.pop("named", None),
+        session.append_question(self.question_turn(question, session), named=kwargs.pop("named", None),
                                 oracle=kwargs.pop("oracle", None), keep=kwargs.pop("keep", True))
         return self.stream_answer(session, max_new_tokens, **kwargs)
 

@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--questions", metavar="FILE", help="one question per line, optionally ending in @TIME")
     m = p.add_argument_group("model and cache")
     m.add_argument("--model", nargs="+", default=["tiny-vlm"], metavar="NAME [PATH]",
-                   help=f"{models.usage()} (default tiny-vlm; hf's PATH may be a hub id, owner/name, where the hub "
-                        "is reachable)")
+                   help=f"{models.usage()} (default tiny-vlm; hf's hub id, owner/name, loads where the hub is "
+                        "reachable)")
     m.add_argument("--policy", default="inf_mllm+recall",
                    help="cache policy (python -m inf_mllm policies; default inf_mllm+recall)")
     m.add_argument("--budget", default="512", help="KV budget: tokens per layer, or memory such as 512MB")

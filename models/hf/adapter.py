@@ -18,7 +18,7 @@ from transformers.utils.chat_template_utils import render_jinja_template
 from inf_mllm.attention import ATTN_IMPLEMENTATION
 from inf_mllm.loader import AssetError
 
-from ..base import AdapterInfo, VideoAdapter, visual_of
+from ..base import AdapterInfo, EncodedClip, VideoAdapter, visual_of
 from . import pixels
 from .families import clock, family_for
 
@@ -31,7 +31,7 @@ class HFVideo(VideoAdapter):
     name = "hf"
 
     def __init__(self, path: str | Path | None = None, device: str = "cpu", frames: int = 4,
-                 dtype: torch.dtype | None = None, model=None):
+                 dtype: torch.dtype | None = None, model=None, caption: bool = False):
         if path is None:
             raise AssetError("--model hf needs a checkpoint folder or a hub id: --model hf PATH_OR_ID")
         folder = checkpoint_folder(str(path))
@@ -52,14 +52,20 @@ class HFVideo(VideoAdapter):
         except (OSError, ValueError, RuntimeError) as err:
             why = f"cannot load the model at {folder} ({type(err).__name__}): check the model files"
             raise AssetError(why) from err
-        self.template = chat_template(folder, self.tokenizer)
+        # the template the family's processor renders a conversation with a video by (SmolVLM's own), else the
+        # checkpoint's
+        self.template = self.family.video_template or chat_template(folder, self.tokenizer)
         self.frames = frames
+        self.caption = caption  # "Clip N at M:SS." in each clip turn: ours, not the processor's; off by default
         self.placeholder_id = self.tokenizer.convert_tokens_to_ids(self.family.placeholder)
         self.name = f"hf:{self.family.name}"
         self.opening = self._opening()
         self.sep = self._separator()
 
     # --- the chat template ------------------------------------------------------------------------
+    # A turn is one message as the template writes it after others (what it writes before a first message is the
+    # opening). An answer ends with its end token, held back by the session; what the template writes after that
+    # token (Qwen's and SmolVLM's "\n") opens the turn that follows an answer.
 
     def render(self, messages: list[dict], prompt: bool = False) -> str:
         # transformers' own renderer (apply_chat_template refuses the empty conversation that gives the opening)
@@ -79,8 +85,8 @@ class HFVideo(VideoAdapter):
         return self.render([_FIRST, message], prompt)[len(self.render([_FIRST])):]
 
     def _separator(self) -> str:
-        """What the template writes after an answer's end token, so that each turn can start with it (the end
-        token itself is the held-back last token of the answer)."""
+        """What the template writes after an answer's end token (the end token itself is the held-back last token
+        of the answer)."""
         end = self.tokenizer.convert_ids_to_tokens(self.end_token_id())
         user = {"role": "user", "content": [{"type": "text", "text": "q"}]}
         text = self.render([user, {"role": "assistant", "content": [{"type": "text", "text": "a"}]}])
@@ -92,12 +98,34 @@ class HFVideo(VideoAdapter):
             eos = self.tokenizer.eos_token_id
         return int(eos[0] if isinstance(eos, list) else eos)
 
-    def message(self, content: list[dict], prompt: bool = False) -> str:
-        """One message as a turn: the separator, then the message as the template writes it alone."""
-        text = self._after_first({"role": "user", "content": content}, prompt)
-        if not prompt and self.sep and text.endswith(self.sep):
-            text = text[: -len(self.sep)]
-        return self.sep + text
+    def lead(self, session) -> str:
+        """What a turn starts with where `session` stands: the separator after an answer, else nothing."""
+        return self.sep if session is not None and session.after_answer else ""
+
+    def message(self, content: list[dict], prompt: bool = False, role: str = "user") -> str:
+        """One message as the template writes it after others; `prompt`: then the generation prompt."""
+        return self._after_first({"role": role, "content": content}, prompt)
+
+    def append_message(self, session, role: str, text: str) -> torch.Tensor:
+        """Append a given message, as the template writes it (no generation prompt): a transcript's question or
+        answer replayed, a teacher-forced answer. Returns the turn's last logits."""
+        ids = self.text_ids(self.lead(session) + self.message([{"type": "text", "text": text}], role=role))
+        session.discard_pending()  # the separator (if any) stands where the answer's end would have led
+        return session.append(ids, store=False)
+
+    def answer_ids(self, text: str) -> torch.Tensor:
+        """`text` as the answer after a question's generation prompt, as the template writes that answer (with its
+        end token and what follows). Where the template writes a past answer otherwise than after its generation
+        prompt (LLaVA-OneVision's "assistant \\n"), the answer as a generated one would stand."""
+        asked = self.render([_FIRST, _USER], prompt=True)
+        whole = self.render([_FIRST, _USER, {"role": "assistant", "content": [{"type": "text", "text": text}]}])
+        end = self.tokenizer.convert_ids_to_tokens(self.end_token_id())
+        return self.text_ids(whole[len(asked):] if whole.startswith(asked) else f"{text}{end}{self.sep}")
+
+    def continue_answer(self, session, text: str) -> torch.Tensor:
+        """Append `text` as the answer to the question just asked (a teacher-forced answer); see `answer_ids`."""
+        session.discard_pending()
+        return session.append(self.answer_ids(text), store=False)
 
     # --- VideoAdapter -------------------------------------------------------------------------------
 
@@ -105,7 +133,7 @@ class HFVideo(VideoAdapter):
         return self.opening
 
     def system_ids(self) -> torch.Tensor:
-        return self.text_ids(self.opening or self.sep or " ")  # a template that opens with nothing: a separator
+        return self.text_ids(self.opening)  # may be empty: the template writes nothing before a first message
 
     def clip_text(self, index: int, start_s: float = 0.0) -> tuple[str, str]:
         text = self.clip_message(index, start_s, [start_s + k for k in range(self.frames)], self.frames)
@@ -114,33 +142,53 @@ class HFVideo(VideoAdapter):
         return text[:at], text[last:]
 
     def clip_message(self, index: int, start_s: float, times: list[float], duration: float) -> str:
-        caption = f"Clip {index} at {clock(start_s, pad=False)}."
-        text = self.message([{"type": "video"}, {"type": "text", "text": caption}])
+        """The clip's user message, its video tag expanded for frames at `times` over `duration` seconds."""
+        content = [{"type": "video"}]
+        if self.caption:
+            content.append({"type": "text", "text": f"Clip {index} at {clock(start_s, pad=False)}."})
+        text = self.message(content)
         return text.replace(self.family.video_tag, self.family.expand(len(times), times, duration), 1)
 
     def question_text(self, question: str) -> str:
         return self.message([{"type": "text", "text": question.strip()}], prompt=True)
 
+    def question_turn(self, question: str, session=None) -> torch.Tensor:
+        return self.text_ids(self.lead(session) + self.question_text(question))
+
+    def question_tokens(self, question: str) -> int:
+        return len(self.text_ids(self.sep + self.question_text(question))[0])  # the longest: after an answer
+
     @torch.inference_mode()
     def encode_clip(self, frames: np.ndarray, timestamps: Sequence[float]) -> torch.Tensor:
-        frames = pixels.pick_frames(np.asarray(frames), self.frames)
-        if len(frames) < self.frames:  # a short last clip: repeat its last frame so every clip has one shape
-            frames = np.concatenate([frames, np.repeat(frames[-1:], self.frames - len(frames), axis=0)])
-        values = self.family.pixels(frames).to(self.device)
-        return self.family.features(self.model, values).to(self.model.get_input_embeddings().weight.dtype)
+        return self.encode(frames, timestamps).visual
 
-    def frame_step(self, start_s: float, end_s: float | None) -> tuple[float, float]:
-        """(the clip's end, the seconds between its frames): 1 fps over a clip of `frames` s by default."""
+    @torch.inference_mode()
+    def encode(self, frames: np.ndarray, timestamps: Sequence[float]) -> EncodedClip:
+        frames = np.asarray(frames)
+        at = pixels.pick_indices(len(frames), self.frames)
+        if len(at) < self.frames:  # a short last clip: repeat its last frame so every clip has one shape
+            at = at + [at[-1]] * (self.frames - len(at))
+        values = self.family.pixels(frames[at]).to(self.device)
+        visual = self.family.features(self.model, values).to(self.model.get_input_embeddings().weight.dtype)
+        times = [float(timestamps[i]) for i in at] if len(timestamps) == len(frames) else None
+        return EncodedClip(visual, times=times)
+
+    def frame_times(self, start_s: float, end_s: float | None, times: list[float] | None = None):
+        """(frame times, the clip's length in seconds): the frames' own times, else `frames` spread evenly over
+        the clip (1 fps over `frames` seconds when its end is not known)."""
         end = start_s + self.frames if end_s is None else max(end_s, start_s)
-        return end, (end - start_s) / self.frames
+        if times is None:
+            step = (end - start_s) / self.frames
+            times = [start_s + k * step for k in range(self.frames)]
+        return times, end - start_s
 
-    def clip_ids(self, index: int, start_s: float, end_s: float | None = None) -> torch.Tensor:
-        end, step = self.frame_step(start_s, end_s)
-        times = [start_s + k * step for k in range(self.frames)]
-        return self.text_ids(self.clip_message(index, start_s, times, round(end - start_s)))
+    def clip_ids(self, index: int, start_s: float, end_s: float | None = None, times=None, lead: str = "") \
+            -> torch.Tensor:
+        times, duration = self.frame_times(start_s, end_s, times)
+        return self.text_ids(lead + self.clip_message(index, start_s, times, duration))
 
     def clip_turn(self, visual, index: int, start_s: float = 0.0, end_s: float | None = None):
-        return self.embed_clip(self.clip_ids(index, start_s, end_s), visual)
+        return self.embed_clip(self.clip_ids(index, start_s, end_s, getattr(visual, "times", None)), visual)
 
     def embed_clip(self, ids: torch.Tensor, visual: torch.Tensor) -> torch.Tensor:
         """(1, L, hidden): the clip turn's ids embedded, the visual features over its placeholder tokens."""
@@ -154,7 +202,7 @@ class HFVideo(VideoAdapter):
 
     def append_clip(self, session, visual, index, start_s=0.0, end_s=None) -> dict:
         meta = self.clip_meta(visual, index, start_s, end_s)
-        ids = self.clip_ids(index, start_s, end_s)
+        ids = self.clip_ids(index, start_s, end_s, getattr(visual, "times", None), self.lead(session))
         where = (ids[0] == self.placeholder_id).nonzero()[:, 0]
         session.append(inputs_embeds=self.embed_clip(ids, visual), meta=meta,
                        vision=(int(where[0]), int(where[-1]) + 1), positions=self.clip_positions(ids, start_s, end_s))
@@ -162,17 +210,18 @@ class HFVideo(VideoAdapter):
 
     def clip_positions(self, ids: torch.Tensor, start_s: float, end_s: float | None = None):
         """The clip turn's own position ids where the family's are not one per token (Qwen-VL), else None: what
-        `session.append(positions=)` needs beside the turn's embeddings."""
-        return self.family.positions(self.model, ids, self.frame_step(start_s, end_s)[1] or 1.0)
+        `session.append(positions=)` needs beside the turn's embeddings. Qwen2.5-VL's time ids follow the clip's
+        frame rate, frames over seconds, as its processor's `second_per_grid_ts` does."""
+        _, duration = self.frame_times(start_s, end_s)
+        return self.family.positions(self.model, ids, duration / self.frames or 1.0)
 
     def turn_tokens(self) -> int:
-        return self.clip_ids(1, 0.0).shape[1]
+        return self.clip_ids(1, 0.0, lead=self.sep).shape[1]
 
     def describe(self) -> AdapterInfo:
         text = self.model.config.get_text_config(decoder=True)
         return AdapterInfo(self.name, self.family.visual_tokens(self.frames), str(self.model.dtype), str(self.device),
                            getattr(text, "max_position_embeddings", 0), text.hidden_size)
-
 
 _FIRST = {"role": "user", "content": [{"type": "text", "text": "first"}]}
 _USER = {"role": "user", "content": [{"type": "text", "text": "q"}]}

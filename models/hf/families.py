@@ -69,6 +69,7 @@ class Family(ABC):
     name: str
     placeholder: str  # the token whose positions the visual features fill
     video_tag: str  # what the chat template writes for a video
+    video_template: str | None = None  # the template the processor renders a conversation with a video by, if its own
 
     @abstractmethod
     def pixels(self, frames) -> torch.Tensor:
@@ -125,7 +126,10 @@ class SmolVLM(Family):
     processor lays out a video."""
 
     def __init__(self, config, folder: Path):
-        super().__init__("smolvlm", "<image>", "<video>")
+        from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
+
+        # whatever the checkpoint's template, SmolVLM's processor renders any conversation with a video by this one
+        super().__init__("smolvlm", "<image>", "<video>", DEFAULT_CHAT_TEMPLATE)
         self.config = config
         self.settings = {"size": {"longest_edge": 4 * 364}, "max_image_size": {"longest_edge": 364}, "resample": 1,
                          "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "rescale_factor": 1 / 255}
@@ -148,7 +152,7 @@ class SmolVLM(Family):
         return count * self.per_frame()
 
     def expand(self, count, times, duration):
-        hours, rest = divmod(int(duration), 3600)
+        hours, rest = divmod(int(round(duration, 6)), 3600)  # whole seconds, cut as the processor cuts them
         text = (f"You are provided the following series of {number_words(count) if count < 100 else count} frames "
                 f"from a {hours}:{rest // 60:02d}:{rest % 60:02d} [H:MM:SS] video.\n")
         image = "<fake_token_around_image><global-img>" + self.placeholder * self.per_frame() \

@@ -80,11 +80,11 @@ def longest_edge_then_square(frames: np.ndarray, cfg: dict) -> torch.Tensor:
     return normalise(resize(video, side, side, resample), cfg)
 
 
-def pick_frames(frames: np.ndarray, count: int) -> np.ndarray:
-    """`count` frames spread evenly over the clip (all of them when it has fewer)."""
-    if len(frames) <= count:
-        return frames
-    return frames[np.linspace(0, len(frames) - 1, count).round().astype(int)]
+def pick_indices(total: int, count: int) -> list[int]:
+    """Which of a clip's `total` frames to keep: `count` spread evenly over it (all of them when it has fewer)."""
+    if total <= count:
+        return list(range(total))
+    return np.linspace(0, total - 1, count).round().astype(int).tolist()
 
 
 def qwen_size(height: int, width: int, cfg: dict) -> tuple[int, int]:

@@ -31,24 +31,39 @@ from transformers.models.smolvlm.configuration_smolvlm import SmolVLMVisionConfi
 from inf_mllm.loader import resolve
 
 SIDE = 32  # frame side in pixels: 4×4 patches of 8
+# the released checkpoints' own chat templates (llava-hf's LLaVA-OneVision, SmolVLM2's, Qwen2-VL-Instruct's), so that
+# the tiny checkpoints meet what a real one brings; SmolVLM's processor renders a conversation with a video by a
+# template of its own instead (models/hf/families.py)
 LLAVA_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }} "
-    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>' }}{% endfor %}"
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}"
+    "{# Render all images first #}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>' }}{% endfor %}"
+    "{# Render all video then #}{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
+    "{{ '<video>' }}{% endfor %}"
+    "{# Render all text next #}{% if message['role'] != 'assistant' %}"
     "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ '\\n' + content['text'] }}"
-    "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{% endfor %}{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ '\\n' + content['text'] }}{% endgeneration %}{% endfor %}{% endif %}{{'<|im_end|>'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 SMOLVLM_TEMPLATE = (
     "<|im_start|>{% for message in messages %}{{message['role'] | capitalize}}"
     "{% if message['content'][0]['type'] == 'image' %}{{':'}}{% else %}{{': '}}{% endif %}"
     "{% for line in message['content'] %}{% if line['type'] == 'text' %}{{line['text']}}"
-    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% elif line['type'] == 'video' %}{{ '<video>' }}{% endif %}"
+    "{% elif line['type'] == 'image' %}{{ '<image>' }}{% endif %}"
     "{% endfor %}<end_of_utterance>\n{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}{% endif %}")
-# Qwen2-VL's template in short: a default system message opens any conversation that has none
 QWEN_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
     "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
-    "{% for content in message['content'] %}{% if content['type'] == 'video' %}"
-    "<|vision_start|><|video_pad|><|vision_end|>{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}"
-    "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
+    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}{% set video_count.value = video_count.value + 1 %}"
+    "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 QWEN_SPECIAL = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 SPECIAL = {"llava_onevision": ["<image>", "<video>"],
            "smolvlm": ["<image>", "<video>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"],
@@ -83,28 +98,27 @@ def tokenizer(family: str):
     return tok
 
 
-def text_config(cls, vocab: int, **extra):
-    """8 layers: recall scores in layers 5 and 7 by default."""
-    return cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=8192, **extra).to_dict()
+def text_config(cls, vocab: int, layers: int = 8, **extra):
+    return cls(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192, **extra).to_dict()
 
 
-def build(family: str, seed: int = 0):
-    """(model, tokenizer) of a tiny random `family` checkpoint."""
+def build(family: str, seed: int = 0, layers: int = 8):
+    """(model, tokenizer) of a tiny random `family` checkpoint, its language model `layers` deep."""
     tok = tokenizer(family)
     torch.manual_seed(seed)
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=SIDE,
                   patch_size=8)
     if family == "llava_onevision":
         config = LlavaOnevisionConfig(
-            text_config=text_config(Qwen2Config, len(tok)), vision_config=SiglipVisionConfig(**vision).to_dict(),
+            text_config=text_config(Qwen2Config, len(tok), layers), vision_config=SiglipVisionConfig(**vision).to_dict(),
             image_token_index=tok.convert_tokens_to_ids("<image>"),
             video_token_index=tok.convert_tokens_to_ids("<video>"),
             vision_feature_layer=-1, vision_feature_select_strategy="full")
         model = LlavaOnevisionForConditionalGeneration(config)
         eos = tok.convert_tokens_to_ids("<|im_end|>")
     elif family == "smolvlm":
-        config = SmolVLMConfig(text_config=text_config(LlamaConfig, len(tok)),
+        config = SmolVLMConfig(text_config=text_config(LlamaConfig, len(tok), layers),
                                vision_config=SmolVLMVisionConfig(**vision).to_dict(),
                                image_token_id=tok.convert_tokens_to_ids("<image>"), scale_factor=2)
         model = SmolVLMForConditionalGeneration(config)
@@ -114,7 +128,7 @@ def build(family: str, seed: int = 0):
                  "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
         ids = {key: tok.convert_tokens_to_ids(token) for key, token in names.items()}
         # head_dim 16: 8 rotary frequencies split 2 / 3 / 3 over the time, height and width axes
-        text = text_config(Qwen2Config, len(tok), rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+        text = text_config(Qwen2Config, len(tok), layers, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                    "mrope_section": [2, 3, 3]})
         shared = dict(depth=2, num_heads=2, patch_size=8, spatial_merge_size=2, temporal_patch_size=2)
         if family == "qwen2_vl":
@@ -133,10 +147,10 @@ def build(family: str, seed: int = 0):
     return model.eval(), tok
 
 
-def save(family: str, folder: str | Path, seed: int = 0) -> Path:
+def save(family: str, folder: str | Path, seed: int = 0, layers: int = 8) -> Path:
     """A checkpoint folder as transformers saves one: weights, tokenizer, processor settings, chat template."""
     folder = Path(folder)
-    model, tok = build(family, seed)
+    model, tok = build(family, seed, layers)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     (folder / "processor_config.json").write_text(json.dumps(PROCESSORS[family], indent=2))
@@ -145,6 +159,6 @@ def save(family: str, folder: str | Path, seed: int = 0) -> Path:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit(f"usage: python -m models.hf.tiny {{{','.join(FAMILY_NAMES)}}} DIR")
-    print(save(sys.argv[1], sys.argv[2]))
+    if len(sys.argv) not in (3, 4):
+        raise SystemExit(f"usage: python -m models.hf.tiny {{{','.join(FAMILY_NAMES)}}} DIR [LAYERS]")
+    print(save(sys.argv[1], sys.argv[2], layers=int(sys.argv[3]) if len(sys.argv) == 4 else 8))
