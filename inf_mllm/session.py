@@ -106,7 +106,7 @@ class StreamSession:
     def append(self, input_ids: torch.Tensor | None = None, inputs_embeds: torch.Tensor | None = None,
                evict: bool = True, store: bool = True, meta: dict | None = None,
                vision: tuple[int, int] | None = None, all_logits: bool = False,
-               positions: TurnPositions | None = None) -> torch.Tensor:
+               positions: TurnPositions | None = None, forward_inputs: dict | None = None) -> torch.Tensor:
         """Prefill one turn; returns the logits of its last position (B, 1, V), or of every position (B, L, V)
         with all_logits=True (perplexity, teacher-forced answers): the LM head over a whole turn is about a
         fifth of a clip turn's prefill for SmolLM2, spent for nothing when only the next token matters.
@@ -116,14 +116,17 @@ class StreamSession:
         with `meta` (e.g. its clip index and video times) to report when it is recalled. `vision`, the
         (start, end) token span of the turn's visual tokens, tells the cache where the text after
         them begins (VL-Cache's post-vision queries); optional. `positions`: the turn's own position ids
-        under multimodal RoPE (default: one per token, as for text)."""
+        under multimodal RoPE (default: one per token, as for text). `forward_inputs`: more of the model's own
+        forward arguments for this turn (Qwen3-VL's precomputed vision outputs, whose DeepStack features it adds
+        inside its first layers)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("append takes exactly one of input_ids or inputs_embeds")
         self._end_answer()
         self._forget_question()
         if self.recall is not None:
             recall_.unlink(self.cache)
-        return self._prefill(input_ids, inputs_embeds, evict, store, meta, vision, all_logits, positions)
+        return self._prefill(input_ids, inputs_embeds, evict, store, meta, vision, all_logits, positions,
+                             forward_inputs)
 
     def _forget_question(self) -> None:
         """A question asked with keep=False leaves, with its answer, as the next turn begins."""
@@ -138,7 +141,7 @@ class StreamSession:
 
     def _prefill(self, input_ids, inputs_embeds, evict: bool, store: bool, meta: dict | None,
                  vision: tuple[int, int] | None = None, all_logits: bool = False,
-                 positions: TurnPositions | None = None) -> torch.Tensor:
+                 positions: TurnPositions | None = None, forward_inputs: dict | None = None) -> torch.Tensor:
         turn = self.turn_row(input_ids, inputs_embeds, vision, positions)
         kwargs = {"input_ids": turn.tokens} if turn.tokens.dim() == 2 else {"inputs_embeds": turn.tokens}
         kwargs["logits_to_keep"] = 0 if all_logits else 1  # 0: every position
@@ -146,7 +149,8 @@ class StreamSession:
         marks = self.cache.mark()
         with self.cache.forward(turn.length, batch=self.batch, device=self.device, **turn.forward) as fwd:
             try:
-                out = self.model(**kwargs, **fwd.kwargs, past_key_values=self.cache, use_cache=True)
+                out = self.model(**kwargs, **fwd.kwargs, **(forward_inputs or {}), past_key_values=self.cache,
+                                 use_cache=True)
             except BaseException:  # a turn that fails (out of memory, Ctrl-C) leaves the session as it was
                 self.cache.rollback(marks)
                 raise

@@ -34,11 +34,13 @@ class EncodedClip:
     an adapter that finishes a clip on the model thread, its features), and `meta`, what encoding learned of it that
     the clip log and the span store keep (tiny-vlm: `seen`, the words of the labels its turn carries). Known when
     the clip is encoded, so nothing reads it back from the embeddings. `times`: the stream seconds of the frames
-    encoded, for a model whose turn says or positions them (None: the adapter places its frames itself)."""
+    encoded, for a model whose turn says or positions them (None: the adapter places its frames itself). `inject`:
+    features the model adds inside its first decoder layers at the visual tokens (Qwen3-VL's DeepStack), else None."""
 
     visual: torch.Tensor
     meta: dict = field(default_factory=dict)
     times: list[float] | None = None
+    inject: list[torch.Tensor] | None = None
 
 
 def clip_span(timestamps: Sequence[float]) -> tuple[float, float | None]:

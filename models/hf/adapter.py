@@ -169,9 +169,9 @@ class HFVideo(VideoAdapter):
         if len(at) < self.frames:  # a short last clip: repeat its last frame so every clip has one shape
             at = at + [at[-1]] * (self.frames - len(at))
         values = self.family.pixels(frames[at]).to(self.device)
-        visual = self.family.features(self.model, values).to(self.model.get_input_embeddings().weight.dtype)
+        visual, inject = self.family.encode(self.model, values)
         times = [float(timestamps[i]) for i in at] if len(timestamps) == len(frames) else None
-        return EncodedClip(visual, times=times)
+        return EncodedClip(visual.to(self.model.get_input_embeddings().weight.dtype), times=times, inject=inject)
 
     def frame_times(self, start_s: float, end_s: float | None, times: list[float] | None = None):
         """(frame times, the clip's length in seconds): the frames' own times, else `frames` spread evenly over
@@ -190,22 +190,26 @@ class HFVideo(VideoAdapter):
     def clip_turn(self, visual, index: int, start_s: float = 0.0, end_s: float | None = None):
         return self.embed_clip(self.clip_ids(index, start_s, end_s, getattr(visual, "times", None)), visual)
 
-    def embed_clip(self, ids: torch.Tensor, visual: torch.Tensor) -> torch.Tensor:
-        """(1, L, hidden): the clip turn's ids embedded, the visual features over its placeholder tokens."""
+    def embed_clip(self, ids: torch.Tensor, visual, scatter: bool = True) -> torch.Tensor:
+        """(1, L, hidden): the clip turn's ids embedded, the visual features over its placeholder tokens (as the
+        first decoder layer sees them; scatter=False: left for the model's forward to write)."""
         embeds = self.model.get_input_embeddings()(ids)
-        visual = visual_of(visual)
+        features = visual_of(visual)
         slots = ids[0] == self.placeholder_id
-        if int(slots.sum()) != visual.shape[0]:
-            raise ValueError(f"clip turn has {int(slots.sum())} visual slots for {visual.shape[0]} features")
-        embeds[0, slots] = visual.to(embeds.dtype)
+        if int(slots.sum()) != features.shape[0]:
+            raise ValueError(f"clip turn has {int(slots.sum())} visual slots for {features.shape[0]} features")
+        if scatter:
+            embeds[0, slots] = features.to(embeds.dtype)
         return embeds
 
     def append_clip(self, session, visual, index, start_s=0.0, end_s=None) -> dict:
         meta = self.clip_meta(visual, index, start_s, end_s)
         ids = self.clip_ids(index, start_s, end_s, getattr(visual, "times", None), self.lead(session))
         where = (ids[0] == self.placeholder_id).nonzero()[:, 0]
-        session.append(inputs_embeds=self.embed_clip(ids, visual), meta=meta,
-                       vision=(int(where[0]), int(where[-1]) + 1), positions=self.clip_positions(ids, start_s, end_s))
+        extra = self.family.forward_inputs(visual_of(visual), getattr(visual, "inject", None))
+        session.append(inputs_embeds=self.embed_clip(ids, visual, scatter=extra is None), meta=meta,
+                       vision=(int(where[0]), int(where[-1]) + 1), positions=self.clip_positions(ids, start_s, end_s),
+                       forward_inputs=extra)
         return meta
 
     def clip_positions(self, ids: torch.Tensor, start_s: float, end_s: float | None = None):

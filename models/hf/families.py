@@ -2,8 +2,8 @@
 
 A family reads its settings from the checkpoint's processor files (what transformers' processors
 save), so a real checkpoint and the tests' tiny ones go through the same code. 1-D RoPE language models
-and Qwen2-VL / Qwen2.5-VL's multimodal RoPE are accepted (inf_mllm/positions.py says how a bounded cache
-places the latter); families whose vision features enter inside the decoder layers are refused.
+and the multimodal RoPE of Qwen2-VL, Qwen2.5-VL and Qwen3-VL are accepted (inf_mllm/positions.py says how a
+bounded cache places the latter); Qwen3-VL's DeepStack features go in through the model's own forward.
 """
 
 import json
@@ -22,10 +22,8 @@ from . import pixels
 
 # model_type → why it is refused; one line, shown as is
 UNSUPPORTED = {
-    kind: (f"{kind} adds visual features inside its first decoder layers (DeepStack) besides multimodal RoPE: a "
-           "clip turn cannot be given to the language model as embeddings alone; not supported (Qwen2-VL and "
-           "Qwen2.5-VL are)")
-    for kind in ("qwen3_vl", "qwen3_vl_moe")
+    "qwen3_vl_moe": ("qwen3_vl_moe (Qwen3-VL's mixture of experts) has not been tried on the bounded cache; not "
+                     "supported (the dense Qwen3-VL is)"),
 } | {
     kind: (f"{kind} places vision tokens with its own multimodal RoPE variant, which the bounded cache has not "
            "been proven to re-assign; not supported (Qwen2-VL and Qwen2.5-VL are)")
@@ -78,6 +76,15 @@ class Family(ABC):
     @abstractmethod
     def features(self, model, pixel_values: torch.Tensor) -> torch.Tensor:
         """(N, hidden) visual features, one per placeholder token of the clip."""
+
+    def encode(self, model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """(features, what the model adds inside its first decoder layers at the same tokens, or None)."""
+        return self.features(model, pixel_values), None
+
+    def forward_inputs(self, visual: torch.Tensor, inject: list[torch.Tensor] | None) -> dict | None:
+        """What a clip turn's forward takes besides its embeddings, for a family whose features enter inside the
+        decoder (None: the embeddings carry everything, the features written over the placeholders)."""
+        return None
 
     @abstractmethod
     def visual_tokens(self, count: int) -> int:
@@ -180,18 +187,18 @@ class QwenVL(Family):
         self.settings |= video_settings(folder)
         self.size: tuple[int, int] | None = None  # every frame's (height, width), fixed by the first clip
 
-    def frame_size(self, height: int = 360, width: int = 640) -> tuple[int, int]:
+    def frame_size(self, height: int = 360, width: int = 640, count: int = 4) -> tuple[int, int]:
         return self.size or pixels.qwen_size(height, width, self.settings)
 
     def grid(self, count: int) -> tuple[int, int, int]:
         """(t, h, w) patches of a clip of `count` frames."""
         ps, tps = self.settings["patch_size"], self.settings["temporal_patch_size"]
-        height, width = self.frame_size()
+        height, width = self.frame_size(count=count)
         return -(-count // tps), height // ps, width // ps
 
     def pixels(self, frames):
         if self.size is None:
-            self.size = self.frame_size(*np.asarray(frames).shape[1:3])
+            self.size = self.frame_size(*np.asarray(frames).shape[1:3], count=len(frames))
         return pixels.qwen_patches(np.asarray(frames), self.settings, self.size)
 
     def _grid_of(self, patches: int, device=None) -> torch.Tensor:
@@ -223,12 +230,49 @@ class QwenVL(Family):
             raise ValueError("a clip turn must end with text: its extent is where its last token sits")
         base = found[0].clone()
         where = video[0].cpu().nonzero()[:, 0]
-        if len(where):
-            base[where] = int(found[1, where].min())  # one vision block: its height axis starts at its base
+        # each vision block (a run of video tokens: the clip's for Qwen2-VL, each temporal patch's for Qwen3-VL) is
+        # one unit, its height axis starting at its base
+        for block in torch.tensor_split(where, (torch.diff(where) > 1).nonzero()[:, 0] + 1) if len(where) else []:
+            base[block] = int(found[1, block].min())
         return TurnPositions(found, base, int(found[0, -1]) + 1)
 
 
-FAMILIES = {"llava_onevision": LlavaOneVision, "smolvlm": SmolVLM, "qwen2_vl": QwenVL, "qwen2_5_vl": QwenVL}
+class Qwen3VL(QwenVL):
+    """Qwen3-VL: Qwen2-VL's patches (16 px), the pixels of the whole clip bounded together, each temporal patch its
+    own vision block after its time in words ("<2.5 seconds>", the mean of its two frames' times) inside the
+    template's video block; interleaved multimodal RoPE (a shift still rotates every frequency alike); and
+    DeepStack: features of early vision layers added to the hidden states of the first decoder layers at the
+    video tokens, given to the model's own forward as its precomputed encoder outputs."""
+
+    def frame_size(self, height: int = 360, width: int = 640, count: int = 4) -> tuple[int, int]:
+        return self.size or pixels.qwen3_size(count, height, width, self.settings)
+
+    def encode(self, model, pixel_values):
+        grid = self._grid_of(len(pixel_values), pixel_values.device)
+        out = model.model.get_video_features(pixel_values, video_grid_thw=grid)
+        return out.pooler_output[0], [layer[0] for layer in out.deepstack_features]
+
+    def features(self, model, pixel_values):
+        return self.encode(model, pixel_values)[0]
+
+    def forward_inputs(self, visual, inject):
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import BaseModelOutputWithDeepstackFeatures
+
+        if inject is None:
+            raise ValueError("a Qwen3-VL clip needs its DeepStack features: encode it with this adapter")
+        video = BaseModelOutputWithDeepstackFeatures(pooler_output=(visual,), deepstack_features=[(f,) for f in inject])
+        return {"mm_encoder_outputs": {"video": video}}
+
+    def expand(self, count, times, duration):
+        tps = self.settings["temporal_patch_size"]
+        times = list(times) + [times[-1]] * (-len(times) % tps)  # the last frame repeated, as its pixels are
+        per_block = self.visual_tokens(tps)
+        return "".join(f"<{(times[i] + times[i + tps - 1]) / 2:.1f} seconds><|vision_start|>"
+                       + self.placeholder * per_block + "<|vision_end|>" for i in range(0, len(times), tps))
+
+
+FAMILIES = {"llava_onevision": LlavaOneVision, "smolvlm": SmolVLM, "qwen2_vl": QwenVL, "qwen2_5_vl": QwenVL,
+            "qwen3_vl": Qwen3VL}
 
 
 def family_for(config, folder: Path) -> Family:

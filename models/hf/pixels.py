@@ -104,6 +104,29 @@ def qwen_size(height: int, width: int, cfg: dict) -> tuple[int, int]:
     return h, w
 
 
+def qwen3_size(count: int, height: int, width: int, cfg: dict) -> tuple[int, int]:
+    """Qwen3-VL's frame size for a clip of `count` frames: Qwen-VL's rounding, the area bound applied to the whole
+    clip (frames rounded to temporal patches × area), as transformers' Qwen3-VL `smart_resize` computes it
+    (without its per-frame cap, `cap_pixels_per_frame`)."""
+    unit, tps = cfg["patch_size"] * cfg["merge_size"], cfg["temporal_patch_size"]
+    if cfg.get("cap_pixels_per_frame"):
+        raise ValueError("Qwen3-VL's cap_pixels_per_frame is not supported here: save the processor with it off")
+    least, most = cfg["size"]["shortest_edge"], cfg["size"]["longest_edge"]
+    if height < unit or width < unit:
+        scale = max(unit / height, unit / width)
+        height, width = int(height * scale), int(width * scale)
+    frames = max(round(count / tps), 1) * tps
+    h, w = round(height / unit) * unit, round(width / unit) * unit
+    if frames * h * w > most:
+        beta = math.sqrt(count * height * width / most)
+        h = max(unit, math.floor(height / beta / unit) * unit)
+        w = max(unit, math.floor(width / beta / unit) * unit)
+    elif frames * h * w < least:
+        beta = math.sqrt(least / (count * height * width))
+        h, w = math.ceil(height * beta / unit) * unit, math.ceil(width * beta / unit) * unit
+    return h, w
+
+
 def qwen_patches(frames: np.ndarray, cfg: dict, size: tuple[int, int]) -> torch.Tensor:
     """Qwen-VL's video processor: frames resized to `size` (bicubic), rescaled and normalised, the last frame
     repeated to fill a temporal patch, then cut into patches flattened in the order the vision tower reads

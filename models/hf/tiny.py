@@ -22,6 +22,9 @@ from transformers import (
     Qwen2Config,
     Qwen2VLConfig,
     Qwen2VLForConditionalGeneration,
+    Qwen3VLConfig,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLTextConfig,
     SiglipVisionConfig,
     SmolVLMConfig,
     SmolVLMForConditionalGeneration,
@@ -64,12 +67,22 @@ QWEN_TEMPLATE = (
     "{% if add_vision_id %}Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Qwen3-VL-Instruct's template for system, user and assistant messages (its tool-call and reasoning branches left
+# out): no default system message, a video as a vision block the processor expands frame by frame
+QWEN3_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}{%- else %}"
+    "{%- for content in message['content'] %}"
+    "{%- if content['type'] == 'image' or 'image' in content %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif content['type'] == 'video' or 'video' in content %}{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- elif 'text' in content %}{{- content['text'] }}{%- endif %}{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 QWEN_SPECIAL = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 SPECIAL = {"llava_onevision": ["<image>", "<video>"],
            "smolvlm": ["<image>", "<video>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"],
-           "qwen2_vl": QWEN_SPECIAL, "qwen2_5_vl": QWEN_SPECIAL}
+           "qwen2_vl": QWEN_SPECIAL, "qwen2_5_vl": QWEN_SPECIAL, "qwen3_vl": QWEN_SPECIAL}
 TEMPLATES = {"llava_onevision": LLAVA_TEMPLATE, "smolvlm": SMOLVLM_TEMPLATE, "qwen2_vl": QWEN_TEMPLATE,
-             "qwen2_5_vl": QWEN_TEMPLATE}
+             "qwen2_5_vl": QWEN_TEMPLATE, "qwen3_vl": QWEN3_TEMPLATE}
 _VIDEO = {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
           "rescale_factor": 1 / 255}
 PROCESSORS = {
@@ -88,6 +101,12 @@ PROCESSORS = {
                                            "image_std": [0.26862954, 0.26130258, 0.27577711],
                                            "patch_size": 8, "temporal_patch_size": 2, "merge_size": 2}}
        for kind in ("qwen2_vl", "qwen2_5_vl")},
+    # Qwen3-VL bounds the pixels of the whole clip (frames × area): 4 frames of bikes.mp4 become 16 × 48 each, 1 × 3
+    # merged patches per temporal patch (each temporal patch a vision block of 3 tokens after its time)
+    "qwen3_vl": {"video_processor": _VIDEO | {"size": {"shortest_edge": 1024, "longest_edge": 4 * 1536}, "resample": 3,
+                                              "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "patch_size": 8,
+                                              "temporal_patch_size": 2, "merge_size": 2,
+                                              "cap_pixels_per_frame": False}},
 }
 FAMILY_NAMES = tuple(SPECIAL)
 
@@ -140,6 +159,20 @@ def build(family: str, seed: int = 0, layers: int = 8):
             config, cls = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids), \
                 Qwen2_5_VLForConditionalGeneration
         model = cls(config)
+        eos = tok.convert_tokens_to_ids("<|im_end|>")
+    elif family == "qwen3_vl":
+        names = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+        ids = {key: tok.convert_tokens_to_ids(token) for key, token in names.items()}
+        # interleaved multimodal RoPE over 8 rotary frequencies; DeepStack: the vision tower's layers 0 and 1 feed
+        # features into the language model's first two layers
+        text = text_config(Qwen3VLTextConfig, len(tok), layers, head_dim=16,
+                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                            "mrope_interleaved": True})
+        vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=8, spatial_merge_size=2,
+                      temporal_patch_size=2, out_hidden_size=64, num_position_embeddings=64,
+                      deepstack_visual_indexes=[0, 1])
+        model = Qwen3VLForConditionalGeneration(Qwen3VLConfig(text_config=text, vision_config=vision, **ids))
         eos = tok.convert_tokens_to_ids("<|im_end|>")
     else:
         raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILY_NAMES)}")
