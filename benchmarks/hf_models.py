@@ -3,7 +3,7 @@ memory only, random weights answer nothing.
 
 Each family's tiny checkpoint (`models.hf.tiny`: 8 layers of width 64, a 2-layer 32-px vision tower) is
 saved to a temporary folder and loaded through `--model hf` as a user's would be; four real frames of the
-bundled clip make every clip turn. `inf_mllm` at a budget of four clip turns, filled first so that every
+bundled clip make every clip turn. `inf_mllm` at a budget of four clip turns (at least its 64-token window and some), filled first so that every
 timed turn evicts. Medians: a clip turn's encode (vision tower) and prefill (the forward; eviction apart),
 decode ms per token of 16-token answers, and the KV bytes one clip turn adds.
 
@@ -28,7 +28,7 @@ from .common import median, print_table, record, write
 
 def measure(adapter, frames, times, rounds: int, name: str | None = None) -> list[dict]:
     name = name or adapter.family.name
-    budget = 4 * adapter.turn_tokens()
+    budget = max(4 * adapter.turn_tokens(), 96)
     session = adapter.new_session("inf_mllm", budget=budget)
     cuda = adapter.model.device.type == "cuda"
     session.cache.timing.measure = cuda  # the session's turn times wait for the GPU's queued work

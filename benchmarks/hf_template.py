@@ -29,7 +29,7 @@ def reference(adapter, frames, clips, conv) -> torch.Tensor:
         extra = {k: conv[f"{family}.asked.{k}"] for k in ("video_grid_thw", "second_per_grid_ts")
                  if f"{family}.asked.{k}" in conv}
         inputs = dict(pixel_values_videos=pix, mm_token_type_ids=(ids == adapter.placeholder_id).int() * 2, **extra)
-    elif family == "llava_onevision":
+    elif family.startswith("llava"):
         inputs = dict(pixel_values_videos=pix)
     else:
         inputs = dict(pixel_values=pix.flatten(0, 1)[None])
@@ -63,7 +63,8 @@ def measure() -> list[dict]:
     clips, question = script["clips"][:2], script["questions"][0]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for family in ("llava_onevision", "smolvlm", "smolvlm+video_template", "qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        for family in ("llava_onevision", "smolvlm", "smolvlm+video_template", "qwen2_vl", "qwen2_5_vl", "qwen3_vl",
+                       "llava_next_video"):
             folder = tiny.save(family.split("+")[0], Path(tmp) / family)
             if family.endswith("+video_template"):  # the checkpoint carries the template SmolVLM's processor uses
                 from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE

@@ -28,7 +28,8 @@ ADAPTERS = {
     "flash-vstream-tiny": Adapter("models.flash_vstream.tiny:FlashVStreamTiny",
                                   "Flash-VStream's STAR memory on tiny-vlm"),
     "hf": Adapter("models.hf.adapter:HFVideo",
-                  "a transformers checkpoint folder or hub id: LLaVA-OneVision, SmolVLM2, Qwen2(.5)-VL, Qwen3-VL", True,
+                  "a transformers checkpoint folder or hub id: LLaVA-OneVision, SmolVLM2, Qwen2(.5)-VL, Qwen3-VL, "
+                  "LLaVA-NeXT-Video", True,
                   "PATH_OR_ID"),
 }
 

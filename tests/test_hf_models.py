@@ -77,7 +77,7 @@ def processor_forward(adapter, name: str, clips, **kwargs) -> dict:
                  if f"{family}.{name}.{k}" in CONVERSATION}
         return dict(input_ids=ids, pixel_values_videos=pix, mm_token_type_ids=(ids == adapter.placeholder_id).int() * 2,
                     **extra, **kwargs)
-    if family == "llava_onevision":
+    if family.startswith("llava"):
         return dict(input_ids=ids, pixel_values_videos=pix, **kwargs)
     return dict(input_ids=ids, pixel_values=pix.flatten(0, 1)[None], **kwargs)
 
@@ -94,7 +94,7 @@ def stream(adapter, name: str, answer: str = "message"):
     def clip(i):
         order, times, start, end = clips[i]
         encoded = adapter.encode(FRAMES[order], times)
-        ids.append(adapter.clip_ids(i + 1, start, end, encoded.times, adapter.lead(session)))
+        ids.append(adapter.clip_ids(i + 1, start, end, encoded.times, session))
         at = sum(part.shape[1] for part in ids[:-1])
         extra = adapter.family.forward_inputs(encoded.visual, encoded.inject)  # Qwen3-VL's DeepStack
         embeds = adapter.embed_clip(ids[-1], encoded, scatter=extra is None)
@@ -114,14 +114,12 @@ def stream(adapter, name: str, answer: str = "message"):
     if answer == "message":
         for role, said in (("user", q1), ("assistant", given)):
             before = session.seen
-            adapter.append_message(session, role, said)
-            ids.append(adapter.text_ids(adapter.message([{"type": "text", "text": said}], role=role)))
+            ids.append(adapter.append_message(session, role, said))
             assert session.seen - before == ids[-1].shape[1]
     else:
         ids.append(adapter.question_turn(q1, session))
         session.append_question(ids[-1])
-        ids.append(adapter.answer_ids(given))
-        adapter.continue_answer(session, given)
+        ids.append(adapter.continue_answer(session, given))
     clip(2)
     turn = adapter.question_turn(q2, session)
     text(turn, lambda: session.append_question(turn, all_logits=True))

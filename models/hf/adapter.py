@@ -7,6 +7,7 @@ features written over the placeholder tokens, which is what the model's forward 
 values, so the language model sees the same numbers it would see on the whole conversation.
 """
 
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,6 +62,7 @@ class HFVideo(VideoAdapter):
         self.name = f"hf:{self.family.name}"
         self.opening = self._opening()
         self.sep = self._separator()
+        self._carry = weakref.WeakKeyDictionary()  # session → the spaces its last turn left for the next
 
     # --- the chat template ------------------------------------------------------------------------
     # A turn is one message as the template writes it after others (what it writes before a first message is the
@@ -99,8 +101,20 @@ class HFVideo(VideoAdapter):
         return int(eos[0] if isinstance(eos, list) else eos)
 
     def lead(self, session) -> str:
-        """What a turn starts with where `session` stands: the separator after an answer, else nothing."""
-        return self.sep if session is not None and session.after_answer else ""
+        """What the next turn of `session` starts with: the separator after an answer, and the spaces the last
+        turn ended with (a tokenizer joins a space to the word after it, so a turn leaves its trailing spaces to
+        the next, as one text of the whole conversation would have them: Vicuna-style templates end messages so)."""
+        if session is None:
+            return ""
+        return (self.sep if session.after_answer else "") + self._carry.get(session, "")
+
+    def turn(self, session, text: str) -> str:
+        """`text` as the next turn of `session`: after its lead, without the trailing spaces it leaves the next."""
+        whole = self.lead(session) + text
+        body = whole.rstrip(" ") or whole
+        if session is not None:
+            self._carry[session] = whole[len(body):]
+        return body
 
     def message(self, content: list[dict], prompt: bool = False, role: str = "user") -> str:
         """One message as the template writes it after others; `prompt`: then the generation prompt."""
@@ -108,24 +122,26 @@ class HFVideo(VideoAdapter):
 
     def append_message(self, session, role: str, text: str) -> torch.Tensor:
         """Append a given message, as the template writes it (no generation prompt): a transcript's question or
-        answer replayed, a teacher-forced answer. Returns the turn's last logits."""
-        ids = self.text_ids(self.lead(session) + self.message([{"type": "text", "text": text}], role=role))
-        session.discard_pending()  # the separator (if any) stands where the answer's end would have led
-        return session.append(ids, store=False)
+        answer replayed, a teacher-forced answer. Returns the ids appended."""
+        ids = self.text_ids(self.turn(session, self.message([{"type": "text", "text": text}], role=role)))
+        session.append(ids, store=False)
+        return ids
 
-    def answer_ids(self, text: str) -> torch.Tensor:
+    def answer_text(self, text: str) -> str:
         """`text` as the answer after a question's generation prompt, as the template writes that answer (with its
         end token and what follows). Where the template writes a past answer otherwise than after its generation
         prompt (LLaVA-OneVision's "assistant \\n"), the answer as a generated one would stand."""
         asked = self.render([_FIRST, _USER], prompt=True)
         whole = self.render([_FIRST, _USER, {"role": "assistant", "content": [{"type": "text", "text": text}]}])
         end = self.tokenizer.convert_ids_to_tokens(self.end_token_id())
-        return self.text_ids(whole[len(asked):] if whole.startswith(asked) else f"{text}{end}{self.sep}")
+        return whole[len(asked):] if whole.startswith(asked) else f"{text}{end}{self.sep}"
 
     def continue_answer(self, session, text: str) -> torch.Tensor:
-        """Append `text` as the answer to the question just asked (a teacher-forced answer); see `answer_ids`."""
-        session.discard_pending()
-        return session.append(self.answer_ids(text), store=False)
+        """Append `text` as the answer to the question just asked (a teacher-forced answer; see `answer_text`).
+        Returns the ids appended."""
+        ids = self.text_ids(self.turn(session, self.answer_text(text)))
+        session.append(ids, store=False)
+        return ids
 
     # --- VideoAdapter -------------------------------------------------------------------------------
 
@@ -133,7 +149,14 @@ class HFVideo(VideoAdapter):
         return self.opening
 
     def system_ids(self) -> torch.Tensor:
-        return self.text_ids(self.opening)  # may be empty: the template writes nothing before a first message
+        """The opening's ids (may be none: the template writes nothing before a first message), after the BOS a
+        tokenizer that adds one puts in front of the processor's whole conversation (Llama's)."""
+        ids = self.text_ids(self.opening)
+        bos = self.tokenizer.bos_token_id
+        adds = self.tokenizer("", add_special_tokens=True).input_ids
+        if bos is not None and adds[:1] == [bos] and ids[0, :1].tolist() != [bos]:
+            ids = torch.cat([ids.new_tensor([[bos]]), ids], dim=1)
+        return ids
 
     def clip_text(self, index: int, start_s: float = 0.0) -> tuple[str, str]:
         text = self.clip_message(index, start_s, [start_s + k for k in range(self.frames)], self.frames)
@@ -153,7 +176,8 @@ class HFVideo(VideoAdapter):
         return self.message([{"type": "text", "text": question.strip()}], prompt=True)
 
     def question_turn(self, question: str, session=None) -> torch.Tensor:
-        return self.text_ids(self.lead(session) + self.question_text(question))
+        """The question's ids; with `session`, as its next turn (see `turn`)."""
+        return self.text_ids(self.turn(session, self.question_text(question)))
 
     def question_tokens(self, question: str) -> int:
         return len(self.text_ids(self.sep + self.question_text(question))[0])  # the longest: after an answer
@@ -182,10 +206,11 @@ class HFVideo(VideoAdapter):
             times = [start_s + k * step for k in range(self.frames)]
         return times, end - start_s
 
-    def clip_ids(self, index: int, start_s: float, end_s: float | None = None, times=None, lead: str = "") \
+    def clip_ids(self, index: int, start_s: float, end_s: float | None = None, times=None, session=None) \
             -> torch.Tensor:
+        """The clip turn's ids; with `session`, as its next turn (see `turn`)."""
         times, duration = self.frame_times(start_s, end_s, times)
-        return self.text_ids(lead + self.clip_message(index, start_s, times, duration))
+        return self.text_ids(self.turn(session, self.clip_message(index, start_s, times, duration)))
 
     def clip_turn(self, visual, index: int, start_s: float = 0.0, end_s: float | None = None):
         return self.embed_clip(self.clip_ids(index, start_s, end_s, getattr(visual, "times", None)), visual)
@@ -204,7 +229,7 @@ class HFVideo(VideoAdapter):
 
     def append_clip(self, session, visual, index, start_s=0.0, end_s=None) -> dict:
         meta = self.clip_meta(visual, index, start_s, end_s)
-        ids = self.clip_ids(index, start_s, end_s, getattr(visual, "times", None), self.lead(session))
+        ids = self.clip_ids(index, start_s, end_s, getattr(visual, "times", None), session)
         where = (ids[0] == self.placeholder_id).nonzero()[:, 0]
         extra = self.family.forward_inputs(visual_of(visual), getattr(visual, "inject", None))
         session.append(inputs_embeds=self.embed_clip(ids, visual, scatter=extra is None), meta=meta,
@@ -220,7 +245,8 @@ class HFVideo(VideoAdapter):
         return self.family.positions(self.model, ids, duration / self.frames or 1.0)
 
     def turn_tokens(self) -> int:
-        return self.clip_ids(1, 0.0, lead=self.sep).shape[1]
+        times, duration = self.frame_times(0.0, None)
+        return self.text_ids(self.sep + self.clip_message(1, 0.0, times, duration)).shape[1]  # after an answer
 
     def describe(self) -> AdapterInfo:
         text = self.model.config.get_text_config(decoder=True)

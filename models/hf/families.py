@@ -128,6 +128,35 @@ class LlavaOneVision(Family):
         return self.placeholder * self.visual_tokens(count)
 
 
+class LlavaNextVideo(Family):
+    """CLIP features of each frame (CLS dropped with the "default" strategy), 2×2 average pooling, projected: one
+    block of `<video>` tokens for the clip, frames in order."""
+
+    def __init__(self, config, folder: Path):
+        super().__init__("llava_next_video", "<video>", "<video>")
+        self.config = config
+        self.settings = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}, "resample": 3,
+                         "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                         "image_std": [0.26862954, 0.26130258, 0.27577711], "rescale_factor": 1 / 255}
+        self.settings |= video_settings(folder)
+
+    def pixels(self, frames):
+        return pixels.shortest_edge_then_centre(frames, self.settings)[None]
+
+    def features(self, model, pixel_values):
+        cfg = self.config
+        out = model.model.get_video_features(pixel_values, vision_feature_layer=cfg.vision_feature_layer,
+                                             vision_feature_select_strategy=cfg.vision_feature_select_strategy)
+        return out.pooler_output[0]
+
+    def visual_tokens(self, count):
+        vision = self.config.vision_config
+        return count * (vision.image_size // vision.patch_size) ** 2 // self.config.spatial_pool_stride ** 2
+
+    def expand(self, count, times, duration):
+        return self.placeholder * self.visual_tokens(count)
+
+
 class SmolVLM(Family):
     """Each frame one image of `image_seq_len` tokens (pixel shuffle), introduced by its time, as SmolVLM2's
     processor lays out a video."""
@@ -272,7 +301,7 @@ class Qwen3VL(QwenVL):
 
 
 FAMILIES = {"llava_onevision": LlavaOneVision, "smolvlm": SmolVLM, "qwen2_vl": QwenVL, "qwen2_5_vl": QwenVL,
-            "qwen3_vl": Qwen3VL}
+            "qwen3_vl": Qwen3VL, "llava_next_video": LlavaNextVideo}
 
 
 def family_for(config, folder: Path) -> Family:

@@ -58,6 +58,22 @@ def fixed_size(frames: np.ndarray, cfg: dict) -> torch.Tensor:
     return normalise(video, cfg)
 
 
+def shortest_edge_then_centre(frames: np.ndarray, cfg: dict) -> torch.Tensor:
+    """LLaVA-NeXT-Video's video processor (CLIP's): the shortest edge to `size.shortest_edge` (the other in
+    proportion, cut to whole pixels), then the centre `crop_size` (offsets rounded as torchvision's centre crop)."""
+    video = as_video(frames)
+    height, width = video.shape[-2:]
+    short = cfg["size"]["shortest_edge"]
+    if height <= width:
+        size = (short, int(short * width / height))
+    else:
+        size = (int(short * height / width), short)
+    video = resize(video, *size, cfg.get("resample", 3))
+    crop_h, crop_w = cfg["crop_size"]["height"], cfg["crop_size"]["width"]
+    top, left = int(round((size[0] - crop_h) / 2.0)), int(round((size[1] - crop_w) / 2.0))
+    return normalise(video[..., top:top + crop_h, left:left + crop_w], cfg)
+
+
 def longest_edge_then_square(frames: np.ndarray, cfg: dict) -> torch.Tensor:
     """SmolVLM's video processor: longest edge to `size.longest_edge` (even sides), then the square of
     `max_image_size.longest_edge` (what its image processor gives a frame it does not split)."""

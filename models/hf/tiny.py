@@ -13,8 +13,11 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoTokenizer,
+    CLIPVisionConfig,
     GenerationConfig,
     LlamaConfig,
+    LlavaNextVideoConfig,
+    LlavaNextVideoForConditionalGeneration,
     LlavaOnevisionConfig,
     LlavaOnevisionForConditionalGeneration,
     Qwen2_5_VLConfig,
@@ -77,12 +80,26 @@ QWEN3_TEMPLATE = (
     "{%- elif content['type'] == 'video' or 'video' in content %}{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
     "{%- elif 'text' in content %}{{- content['text'] }}{%- endif %}{%- endfor %}{%- endif %}"
     "{{- '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+# a Vicuna-style template with a video branch, the form of llava-hf's LLaVA-NeXT-Video templates: roles in capitals,
+# no end token written after an answer
+LLAVA_NEXT_VIDEO_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] != 'system' %}{{ message['role'].upper() + ': '}}{% endif %}"
+    "{# Render all images first #}{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}"
+    "{{ '<image>\\n' }}{% endfor %}"
+    "{# Render all video then #}{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}"
+    "{{ '<video>\\n' }}{% endfor %}"
+    "{# Render all text next #}{% if message['role'] != 'assistant' %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ content['text'] + ' '}}"
+    "{% endfor %}{% else %}{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}"
+    "{% generation %}{{ content['text'] + ' '}}{% endgeneration %}{% endfor %}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ 'ASSISTANT:' }}{% endif %}")
 QWEN_SPECIAL = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 SPECIAL = {"llava_onevision": ["<image>", "<video>"],
            "smolvlm": ["<image>", "<video>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"],
-           "qwen2_vl": QWEN_SPECIAL, "qwen2_5_vl": QWEN_SPECIAL, "qwen3_vl": QWEN_SPECIAL}
+           "qwen2_vl": QWEN_SPECIAL, "qwen2_5_vl": QWEN_SPECIAL, "qwen3_vl": QWEN_SPECIAL,
+           "llava_next_video": ["<image>", "<video>"]}
 TEMPLATES = {"llava_onevision": LLAVA_TEMPLATE, "smolvlm": SMOLVLM_TEMPLATE, "qwen2_vl": QWEN_TEMPLATE,
-             "qwen2_5_vl": QWEN_TEMPLATE, "qwen3_vl": QWEN3_TEMPLATE}
+             "qwen2_5_vl": QWEN_TEMPLATE, "qwen3_vl": QWEN3_TEMPLATE, "llava_next_video": LLAVA_NEXT_VIDEO_TEMPLATE}
 _VIDEO = {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
           "rescale_factor": 1 / 255}
 PROCESSORS = {
@@ -107,6 +124,13 @@ PROCESSORS = {
                                               "image_mean": [0.5] * 3, "image_std": [0.5] * 3, "patch_size": 8,
                                               "temporal_patch_size": 2, "merge_size": 2,
                                               "cap_pixels_per_frame": False}},
+    # CLIP's 32-px frames (shortest edge, then the centre), 4 × 4 patches pooled 2 × 2: 4 tokens a frame
+    "llava_next_video": {"video_processor": _VIDEO | {"size": {"shortest_edge": SIDE}, "crop_size": {"height": SIDE,
+                                                                                           "width": SIDE},
+                                                      "do_center_crop": True, "resample": 3,
+                                                      "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                                                      "image_std": [0.26862954, 0.26130258, 0.27577711]},
+                         "patch_size": 8, "vision_feature_select_strategy": "default"},
 }
 FAMILY_NAMES = tuple(SPECIAL)
 
@@ -160,6 +184,14 @@ def build(family: str, seed: int = 0, layers: int = 8):
                 Qwen2_5_VLForConditionalGeneration
         model = cls(config)
         eos = tok.convert_tokens_to_ids("<|im_end|>")
+    elif family == "llava_next_video":
+        config = LlavaNextVideoConfig(
+            text_config=text_config(LlamaConfig, len(tok), layers), vision_config=CLIPVisionConfig(**vision).to_dict(),
+            image_token_index=tok.convert_tokens_to_ids("<image>"),
+            video_token_index=tok.convert_tokens_to_ids("<video>"),
+            vision_feature_layer=-1, vision_feature_select_strategy="default", spatial_pool_stride=2)
+        model = LlavaNextVideoForConditionalGeneration(config)
+        eos = tok.eos_token_id
     elif family == "qwen3_vl":
         names = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
                  "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
