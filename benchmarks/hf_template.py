@@ -3,8 +3,9 @@ tiny random checkpoint: two clips (1 fps; 2.5 fps over 1.6 s) and a question, st
 model's one forward over the token ids the family's processor recorded for the same messages and frame times
 (`tests/fixtures/hf/conversation.*`). Largest logit difference at the question's last position, and whether the
 next five greedy tokens agree; by the engine's call (`append_clip` with the clip's start and end) and by the
-library's (`add_clip` with the frames' times only). Uses only calls older checkouts have, so the same file
-measures them too (`--old-tree`)."""
+library's (`add_clip` with the frames' times only); and with our clip caption turned on (`HFVideo(caption=True)`),
+its distance from the processor's conversation. Uses only calls older checkouts have, so the same file measures them
+too (`--old-tree`)."""
 
 import json
 import subprocess
@@ -78,7 +79,9 @@ def measure() -> list[dict]:
                          for path in ("engine", "library")]
                 continue
             want, want_greedy = reference(adapter, frames, clips, conv)
-            for path in ("engine", "library"):
+            paths = ["engine", "library"] + (["engine+caption"] if hasattr(adapter, "caption") else [])
+            for path in paths:
+                adapter.caption = path.endswith("+caption")  # our "Clip N at M:SS." in each clip turn (opt-in)
                 try:
                     got, greedy = streamed(adapter, frames, clips, question, library=path == "library")
                 except ValueError as err:  # a checkout that cannot lay the clip out at all
