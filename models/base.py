@@ -80,6 +80,10 @@ class VideoAdapter(ABC):
         """An adapter for one more concurrent stream on the same weights (stateless: itself)."""
         return self
 
+    def expect_frames(self, height: int, width: int) -> None:
+        """The size of the frames a source will deliver, known before the first one: an adapter whose token counts
+        depend on it (Qwen-VL's patches) counts from it at once (`turn_tokens`, `describe`)."""
+
     @abstractmethod
     def system_text(self) -> str:
         """The text that opens a conversation."""

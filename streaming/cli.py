@@ -265,6 +265,8 @@ def _run(args, out) -> int:
     check_device(args.device)
     print(f"stream-qa: {video or args.url or f'webcam {args.webcam}'}; loading {name}…", file=sys.stderr)
     adapter = load_adapter(name, path[0] if path else None, device=args.device)
+    if getattr(source, "frame_size", None):  # token counts (the budget's floor) from the real frames
+        adapter.expect_frames(*source.frame_size)
     session = load_session(args, spec, adapter, folder)
     resume_at = (0, 0.0)
     if folder is not None and args.resume:

@@ -93,6 +93,7 @@ class FileSource(FrameSource):
         self.live = realtime  # paced to the video clock: a clip the model has no room for is dropped
         self.waited_s = 0.0  # time spent waiting for the video clock, not decoding
         self.skipped = 0  # damaged frames left out
+        self.frame_size: tuple[int, int] | None = None  # (height, width) of its frames, known before the first
         self.native_fps, self.count = self._probe()
         if self.count <= 0:
             raise SourceError(f"{self.path} holds no video frames")
@@ -122,6 +123,7 @@ class FileSource(FrameSource):
                     reader = decord.VideoReader(str(self.path), ctx=decord.cpu(0), num_threads=1)
                     fps, count = _native_fps(reader.get_avg_fps()), len(reader)
                     first = reader[0].asnumpy() if count else None
+                    self.frame_size = None if first is None else (int(first.shape[0]), int(first.shape[1]))
                 except Exception as err:  # decord raises its own error types for unreadable files
                     decord_error, reader = str(err), None
                 # decord2 hands back the row padding of narrow frames (2-16, 24, 48, 72 px wide) as extra
@@ -134,6 +136,8 @@ class FileSource(FrameSource):
             cap = cv2.VideoCapture(str(self.path))
             opened = cap.isOpened() and cap.grab()
             fps, count = cap.get(cv2.CAP_PROP_FPS), cap.get(cv2.CAP_PROP_FRAME_COUNT)
+            size = int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)), int(cap.get(cv2.CAP_PROP_FRAME_WIDTH))
+            self.frame_size = size if min(size) > 0 else None
             cap.release()
         if not opened:
             if "cannot find video" in decord_error or "st_nb >= 0" in decord_error:

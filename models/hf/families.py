@@ -77,6 +77,9 @@ class Family(ABC):
     def features(self, model, pixel_values: torch.Tensor) -> torch.Tensor:
         """(N, hidden) visual features, one per placeholder token of the clip."""
 
+    def expect_frames(self, height: int, width: int, count: int) -> None:
+        """Frames of this size will come, `count` to a clip (a family whose token count depends on it fixes it)."""
+
     def encode(self, model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """(features, what the model adds inside its first decoder layers at the same tokens, or None)."""
         return self.features(model, pixel_values), None
@@ -202,7 +205,7 @@ class QwenVL(Family):
     """Qwen2-VL and Qwen2.5-VL: frames in pairs (a temporal patch), cut into patches the vision tower merges
     2×2, one block of video tokens between vision start and end markers; multimodal RoPE positions from
     the model's own `get_rope_index`. Every frame is resized as the first clip's were, so every clip turn has
-    one grid (a 640×360 frame is assumed until a clip arrives)."""
+    one grid: the size a source announces (`expect_frames`), else the first clip's (640×360 assumed until then)."""
 
     def __init__(self, config, folder: Path):
         super().__init__(config.model_type, "<|video_pad|>", "<|video_pad|>")
@@ -218,6 +221,10 @@ class QwenVL(Family):
 
     def frame_size(self, height: int = 360, width: int = 640, count: int = 4) -> tuple[int, int]:
         return self.size or pixels.qwen_size(height, width, self.settings)
+
+    def expect_frames(self, height, width, count):
+        if self.size is None:  # what the first clip's frames will be resized to
+            self.size = self.frame_size(height, width, count)
 
     def grid(self, count: int) -> tuple[int, int, int]:
         """(t, h, w) patches of a clip of `count` frames."""
