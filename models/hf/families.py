@@ -104,60 +104,58 @@ class Family(ABC):
         return None
 
 
-class LlavaOneVision(Family):
-    """SigLIP features of each frame, projected, 2×2 bilinear pooling, one newline embedding per video."""
+class Llava(Family):
+    """LLaVA's video path: the vision tower's chosen layer per frame, pooled and projected by the model's own
+    `get_video_features`, one block of `<video>` tokens for the clip."""
+
+    kind = ""
+    defaults: dict = {}  # the video processor's settings where the checkpoint's files say nothing
 
     def __init__(self, config, folder: Path):
-        super().__init__("llava_onevision", "<video>", "<video>")
+        super().__init__(self.kind, "<video>", "<video>")
         self.config = config
-        self.settings = {"size": {"height": 384, "width": 384}, "resample": 3, "image_mean": [0.48145466, 0.4578275,
-                         0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711], "rescale_factor": 1 / 255}
-        self.settings |= video_settings(folder)
-
-    def pixels(self, frames) -> torch.Tensor:
-        return pixels.fixed_size(frames, self.settings)[None]
+        self.settings = dict(self.defaults) | video_settings(folder)
 
     def features(self, model, pixel_values):
         cfg = self.config
         out = model.model.get_video_features(pixel_values, vision_feature_layer=cfg.vision_feature_layer,
                                              vision_feature_select_strategy=cfg.vision_feature_select_strategy)
         return out.pooler_output[0]
+
+    def expand(self, count, times, duration):
+        return self.placeholder * self.visual_tokens(count)
+
+
+_CLIP_NORM = {"image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+              "rescale_factor": 1 / 255, "resample": 3}
+
+
+class LlavaOneVision(Llava):
+    """SigLIP features of each frame, projected, 2×2 bilinear pooling, one newline embedding per video."""
+
+    kind = "llava_onevision"
+    defaults = {"size": {"height": 384, "width": 384}} | _CLIP_NORM
+
+    def pixels(self, frames) -> torch.Tensor:
+        return pixels.fixed_size(frames, self.settings)[None]
 
     def visual_tokens(self, count):
         side = math.ceil(self.config.vision_config.image_size // self.config.vision_config.patch_size / 2)
         return count * side * side + 1  # the pooled patches of every frame, then one newline embedding
 
-    def expand(self, count, times, duration):
-        return self.placeholder * self.visual_tokens(count)
 
+class LlavaNextVideo(Llava):
+    """CLIP features of each frame (CLS dropped with the "default" strategy), 2×2 average pooling, projected."""
 
-class LlavaNextVideo(Family):
-    """CLIP features of each frame (CLS dropped with the "default" strategy), 2×2 average pooling, projected: one
-    block of `<video>` tokens for the clip, frames in order."""
-
-    def __init__(self, config, folder: Path):
-        super().__init__("llava_next_video", "<video>", "<video>")
-        self.config = config
-        self.settings = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}, "resample": 3,
-                         "image_mean": [0.48145466, 0.4578275, 0.40821073],
-                         "image_std": [0.26862954, 0.26130258, 0.27577711], "rescale_factor": 1 / 255}
-        self.settings |= video_settings(folder)
+    kind = "llava_next_video"
+    defaults = {"size": {"shortest_edge": 336}, "crop_size": {"height": 336, "width": 336}} | _CLIP_NORM
 
     def pixels(self, frames):
         return pixels.shortest_edge_then_centre(frames, self.settings)[None]
 
-    def features(self, model, pixel_values):
-        cfg = self.config
-        out = model.model.get_video_features(pixel_values, vision_feature_layer=cfg.vision_feature_layer,
-                                             vision_feature_select_strategy=cfg.vision_feature_select_strategy)
-        return out.pooler_output[0]
-
     def visual_tokens(self, count):
         vision = self.config.vision_config
         return count * (vision.image_size // vision.patch_size) ** 2 // self.config.spatial_pool_stride ** 2
-
-    def expand(self, count, times, duration):
-        return self.placeholder * self.visual_tokens(count)
 
 
 class SmolVLM(Family):
