@@ -3,9 +3,9 @@ memory only, random weights answer nothing.
 
 Each family's tiny checkpoint (`models.hf.tiny`: 8 layers of width 64, a 2-layer 32-px vision tower) is
 saved to a temporary folder and loaded through `--model hf` as a user's would be; four real frames of the
-bundled clip make every clip turn. `inf_mllm` at a budget of four clip turns (at least its 64-token window and some), filled first so that every
-timed turn evicts. Medians: a clip turn's encode (vision tower) and prefill (the forward; eviction apart),
-decode ms per token of 16-token answers, and the KV bytes one clip turn adds.
+bundled clip make every clip turn. `inf_mllm` at a budget of four clip turns (at least its 64-token window and
+some), filled first so that every timed turn evicts. Medians: a clip turn's encode (vision tower) and prefill (the
+forward; eviction apart), decode ms per token of 16-token answers, and the KV bytes one clip turn adds.
 
 `--shape 7b --device cuda`: LLaVA-OneVision at its 7B size (benchmarks/shapes.py), random, in bf16.
 """

@@ -104,9 +104,10 @@ def run(args) -> None:
         if tree is None:
             rows = measure()
         else:  # the old checkout's adapter, this checkout's tiny checkpoints, fixtures and this file
+            tiny_now = str(Path(__file__).resolve().parents[1] / "models" / "hf" / "tiny.py")
             code = (f"import sys, json; sys.path[:0] = [{str(Path(__file__).resolve().parent)!r}, {tree!r}]; "
                     "import models.hf.tiny as old; import importlib.util as u; "
-                    f"spec = u.spec_from_file_location('tiny_now', {str(Path(__file__).resolve().parents[1] / 'models/hf/tiny.py')!r}); "
+                    f"spec = u.spec_from_file_location('tiny_now', {tiny_now!r}); "
                     "now = u.module_from_spec(spec); spec.loader.exec_module(now); old.save = now.save; "
                     "import hf_template; print(json.dumps(hf_template.measure()))")
             out = subprocess.run([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, check=True, cwd=tree)

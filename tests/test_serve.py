@@ -169,8 +169,10 @@ SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with PyGObject: GStreamer's RTSP
 
 def rtsp_server_here() -> bool:
     probe = ("import gi; gi.require_version('GstRtspServer', '1.0'); gi.require_version('Gst', '1.0'); "
-             "from gi.repository import Gst, GstRtspServer; Gst.init(None); assert Gst.ElementFactory.find('rtpjpegpay')")
-    return os.path.exists(SYSTEM_PYTHON) and subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True).returncode == 0
+             "from gi.repository import Gst, GstRtspServer; Gst.init(None); "
+             "assert Gst.ElementFactory.find('rtpjpegpay')")
+    return os.path.exists(SYSTEM_PYTHON) and subprocess.run([SYSTEM_PYTHON, "-c", probe],
+                                                            capture_output=True).returncode == 0
 
 
 @contextlib.contextmanager

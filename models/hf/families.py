@@ -79,6 +79,7 @@ class Family(ABC):
 
     def expect_frames(self, height: int, width: int, count: int) -> None:
         """Frames of this size will come, `count` to a clip (a family whose token count depends on it fixes it)."""
+        return None
 
     def encode(self, model, pixel_values: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """(features, what the model adds inside its first decoder layers at the same tokens, or None)."""

@@ -154,7 +154,8 @@ def build(family: str, seed: int = 0, layers: int = 8):
                   patch_size=8)
     if family == "llava_onevision":
         config = LlavaOnevisionConfig(
-            text_config=text_config(Qwen2Config, len(tok), layers), vision_config=SiglipVisionConfig(**vision).to_dict(),
+            text_config=text_config(Qwen2Config, len(tok), layers),
+            vision_config=SiglipVisionConfig(**vision).to_dict(),
             image_token_index=tok.convert_tokens_to_ids("<image>"),
             video_token_index=tok.convert_tokens_to_ids("<video>"),
             vision_feature_layer=-1, vision_feature_select_strategy="full")
@@ -171,8 +172,8 @@ def build(family: str, seed: int = 0, layers: int = 8):
                  "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
         ids = {key: tok.convert_tokens_to_ids(token) for key, token in names.items()}
         # head_dim 16: 8 rotary frequencies split 2 / 3 / 3 over the time, height and width axes
-        text = text_config(Qwen2Config, len(tok), layers, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                                   "mrope_section": [2, 3, 3]})
+        rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
+        text = text_config(Qwen2Config, len(tok), layers, rope_parameters=rope)
         shared = dict(depth=2, num_heads=2, patch_size=8, spatial_merge_size=2, temporal_patch_size=2)
         if family == "qwen2_vl":
             vision = dict(embed_dim=32, hidden_size=64, mlp_ratio=2, **shared)
