@@ -5,7 +5,8 @@ the midpoints between neighbouring anchors) and each bucket's K and V become the
 are cached after RoPE, so each member key is first rotated to the position its bucket will occupy (the
 anchor's, after re-assignment; the layer's position strategy says where): the mean is taken among keys at one
 position, as if every member sat where its anchor sits. Lasting per-token statistics are combined per bucket
-as they declare (accumulated attention: summed); a bucket keeps its anchor's turn id.
+as they declare (accumulated attention: summed); a bucket keeps its anchor's turn id. A policy that protects the
+ends (Elastic Cache's first and most recent token) keeps its first and last anchors as buckets of their own.
 """
 
 import torch
@@ -17,7 +18,10 @@ def merge(layer, idx: torch.Tensor, start: int, end: int | None = None) -> None:
     idx = idx.to(layer.keys.device)
     idx = idx[:, None, :] if idx.dim() == 2 else idx  # (B, 1 or H, K)
     k, g = idx.shape[-1], idx.shape[1]
-    mids = torch.div(idx[..., :-1] + idx[..., 1:], 2, rounding_mode="floor").contiguous()
+    mids = torch.div(idx[..., :-1] + idx[..., 1:], 2, rounding_mode="floor")
+    if getattr(layer.cache.policy, "merge_protects_ends", False) and k >= 3:  # Elastic Cache's Sec. 4
+        mids[..., 0], mids[..., -1] = idx[..., 0], idx[..., -1] - 1  # the first and last anchors alone
+    mids = mids.contiguous()
     pos = torch.arange(n, device=idx.device).expand(b, g, n).contiguous()
     bucket = torch.searchsorted(mids, pos)  # how many boundaries lie before each token: (B, g, n)
     keys = layer.pos.merged(layer.keys, idx, bucket, pos, start, end).float()

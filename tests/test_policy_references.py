@@ -481,36 +481,35 @@ ELASTIC_CASES = [  # (T, budget, Hq, Hkv, seed, rotating keys)
     (150, 75, 6, 3, 2, True),
     (300, 30, 4, 4, 3, True),
     (128, 100, 8, 1, 4, True),
-    (64, 2, 4, 2, 5, True),  # two anchors, one boundary
+    (64, 3, 4, 2, 5, True),  # the two protected ends and one anchor: one bucket holds all the rest
 ]
 
 
 @pytest.mark.parametrize("case", ELASTIC_CASES, ids=lambda c: "T{}-b{}-{}x{}-s{}-rope{}".format(*c))
 def test_elastic_merge_matches_the_paper(case):
+    """Eq. 1-3 with Sec. 4's protection of the first and the most recent token."""
     t, budget, hq, hkv, seed, rotating = case
-    layer, anchors, want_k, want_v = run_elastic(t, budget, hq, hkv, seed, rotating)
+    layer, anchors, want_k, want_v = run_elastic(t, budget, hq, hkv, seed, rotating, protect=True)
     assert layer.keys.shape == (1, hkv, budget, D)
     np.testing.assert_allclose(layer.values[0].numpy(), want_v, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(layer.keys[0].numpy(), want_k, rtol=1e-4, atol=1e-4)
-    # a value's channel 0 is its token id: the bucket means of the ids, checked against Eq. 2 directly
-    mids = (anchors[:-1] + anchors[1:]) // 2
-    bounds = np.concatenate([[-1], mids, [t - 1]])
-    id_means = [(lo + 1 + hi) / 2 for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
-    np.testing.assert_allclose(layer.values[0, 0, :, 0].numpy(), id_means, rtol=1e-6)
+    # a value's channel 0 is its token id: the bucket means of the ids, checked against Eq. 2 directly (the ends
+    # are buckets of their own, the inner anchors' buckets split tokens 1..T-2 at their midpoints)
+    inner = anchors[1:-1]
+    ends = np.concatenate([[0], (inner[:-1] + inner[1:]) // 2, [t - 2, t - 1]])
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    np.testing.assert_allclose(layer.values[0, 0, :, 0].numpy(), (starts + ends) / 2, rtol=1e-6)
     # buckets really merged something: fewer anchors than tokens, so some bucket holds several
-    assert budget < t and np.diff(bounds).max() > 1
+    assert budget < t and (ends - starts).max() >= 1 and anchors[0] == 0 and anchors[-1] == t - 1
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "Elastic Cache's Sec. 4 implementation details protect the first and the most recent token (following "
-    "StreamingLLM); our merge takes every anchor by importance and merges the first and last tokens into their "
-    "nearest anchor's bucket like any other"))
 def test_elastic_protects_the_first_and_most_recent_token():
-    """T = 200, N_I = 64: accumulated causal attention favours early tokens, so our anchors end at token 147 and
-    the last bucket averages tokens 131..199, the most recent one included; with the protection token 199 stays a
-    bucket of its own (and the inner anchors shift by one)."""
+    """T = 200, N_I = 64: accumulated causal attention favours early tokens, so without the protection the anchors
+    would end at token 147 and the last bucket would average tokens 131..199; with it token 199 stays a bucket of
+    its own, and so does token 0."""
     layer, anchors, want_k, want_v = run_elastic(200, 64, 8, 2, 1, rotating=False, protect=True)
     np.testing.assert_allclose(layer.values[0].numpy(), want_v, rtol=1e-5, atol=1e-5)
+    assert layer.values[0, 0, 0, 0] == 0 and layer.values[0, 0, -1, 0] == 199  # ids: the ends unmerged
 
 
 def elastic_generation_reference(ids, new, budget, truncation):
