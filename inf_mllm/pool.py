@@ -67,7 +67,9 @@ class SessionPool:
         self.model, self.tokenizer = model, tokenizer
         self.kv_bytes, self.max_streams, self.unbounded = kv_bytes, max_streams, unbounded
         self.gather_s = 0.005  # how long work that arrives together waits for the rest of it (`_gather`)
-        self.streams: dict[int, int] = {}  # id(session) -> its admitted bound in bytes
+        # each admitted session -> its bound in bytes; held until released, so a stream dropped without `close`
+        # stays counted (its cache is alive) and no new session can take over its entry by reusing its id()
+        self.streams: dict[StreamSession, int] = {}
         self.steps = 0  # batched decode steps run, and the rows they carried
         self.rows = 0
         self._shape = KVShape.from_config(model.config, model.dtype.itemsize)
@@ -103,7 +105,7 @@ class SessionPool:
                     raise PoolFull(f"stream refused: its cache needs up to {need / 2**20:.0f} MB, {left / 2**20:.0f} "
                                    f"MB of the pool's {self.kv_bytes / 2**20:.0f} MB are left; lower the budget or "
                                    "close a stream")
-            self.streams[id(session)] = need or 0
+            self.streams[session] = need or 0
         return PooledSession(self, session)
 
     def open(self, policy="inf_mllm", budget=None, headroom: int = 0, **options) -> "PooledSession":
@@ -115,7 +117,7 @@ class SessionPool:
     def release(self, session: StreamSession) -> None:
         self.call(session, lambda: None)  # its answer ends, on the pool's thread
         with self._cond:
-            self.streams.pop(id(session), None)
+            self.streams.pop(session, None)
 
     def close(self) -> None:
         with self._cond:
