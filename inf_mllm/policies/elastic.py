@@ -5,9 +5,10 @@ query, averaged over heads (its Eq. 1 and I_n^i); anchors = the top gamma*T toke
 layer's budget; one bucket layout per layer shared by its heads; every token goes to its nearest
 anchor's bucket (midpoints, Eq. 2) and each bucket's K/V is its mean (Eq. 3) — the `merge` reducer
 (`StreamingLayer.merge`). As its Sec. 4 implements it (after StreamingLLM), the first and the most recent
-token are protected: always anchors, each a bucket of its own; the other anchors and buckets share the rest. Output generation: fixed-point elimination — once a layer is over budget,
-each decode step removes the token `truncation` places from the end (the paper fixes it at the 25
-most recent), so the first tokens (the instruction) and the most recent ones stay."""
+token are protected: always anchors, each a bucket of its own; the other anchors and buckets share the rest.
+Output generation: fixed-point elimination — once a layer is over budget, each decode step removes the token
+`truncation` places from the end (the paper fixes it at the 25 most recent), so the first tokens (the
+instruction) and the most recent ones stay."""
 
 from dataclasses import dataclass
 from typing import ClassVar
