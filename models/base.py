@@ -82,8 +82,8 @@ class VideoAdapter(ABC):
 
     def expect_frames(self, height: int, width: int) -> None:
         """The size of the frames a source will deliver, known before the first one: an adapter whose token counts
-        depend on it (Qwen-VL's patches) counts from it at once (`turn_tokens`, `describe`)."""
-        self.frame_size = (height, width)
+        depend on it (Qwen-VL's patches) counts from it at once (`turn_tokens`, `describe`); others ignore it."""
+        return None
 
     @abstractmethod
     def system_text(self) -> str:

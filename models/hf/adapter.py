@@ -62,6 +62,7 @@ class HFVideo(VideoAdapter):
         self.name = f"hf:{self.family.name}"
         self.opening = self._opening()
         self.sep = self._separator()
+        self._asked = self.render([_FIRST, _USER], prompt=True)  # a question's prompt, for given answers
         self._carry = weakref.WeakKeyDictionary()  # session → the spaces its last turn left for the next
 
     # --- the chat template ------------------------------------------------------------------------
@@ -131,7 +132,7 @@ class HFVideo(VideoAdapter):
         """`text` as the answer after a question's generation prompt, as the template writes that answer (with its
         end token and what follows). Where the template writes a past answer otherwise than after its generation
         prompt (LLaVA-OneVision's "assistant \\n"), the answer as a generated one would stand."""
-        asked = self.render([_FIRST, _USER], prompt=True)
+        asked = self._asked
         whole = self.render([_FIRST, _USER, {"role": "assistant", "content": [{"type": "text", "text": text}]}])
         end = self.tokenizer.convert_ids_to_tokens(self.end_token_id())
         return whole[len(asked):] if whole.startswith(asked) else f"{text}{end}{self.sep}"
