@@ -306,6 +306,8 @@ class SessionPool:
         answer.steps += 1
         answer.logits, answer.token = None, token
         answer.session.last.decoded = answer.steps
+        if answer.session.exchange is not None:
+            answer.session.exchange.answer.append(int(token[0]))
         finished = bool(answer.done.all()) or answer.steps >= answer.max_new_tokens
         with self._cond:
             if finished:
@@ -354,8 +356,8 @@ class PooledSession:
     def append_text(self, text: str, **kwargs) -> torch.Tensor:
         return self.pool.call(self.session, self.session.append_text, text, **kwargs)
 
-    def restore(self) -> list[int]:
-        return self.pool.call(self.session, self.session.restore)
+    def restore(self, exchanges=()) -> list[int]:
+        return self.pool.call(self.session, self.session.restore, exchanges)
 
     def run(self, fn, *args, **kwargs):
         """Anything else that touches the session's cache (an out-of-memory shrink), on the pool's thread."""

@@ -7,8 +7,8 @@ that evict while decoding). The answer's last token is held back and prefixed to
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -51,6 +51,22 @@ class Question:
     evict: bool
 
 
+@dataclass
+class Exchange:
+    """A question and its answer as the cache took them, so a restart can put them back where they were: the
+    question turn's number among the session's turns (a stored clip's span id is its turn number too), its ids
+    (without the held-back token of the answer before), the answer's tokens as handed over (the last one held back
+    for the next turn), and whether they stay in the cache (keep=False: they leave at the next turn)."""
+
+    turn: int
+    question: list[int]
+    answer: list[int] = field(default_factory=list)
+    kept: bool = True
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
 class StreamSession:
     """`policy` is a `PolicySpec` (a policy string is parsed into one). With recall (`spec.recall`, or
     `recall` given here), turns go to a span store (`store`: a `SpanStore`, or a folder for one that
@@ -75,6 +91,7 @@ class StreamSession:
         self.last = TurnStats()
         self.clock = time.perf_counter  # what turns and answers are timed by (a test gives one it steps itself)
         self.last_recalled: list[tuple[int, dict]] = []  # (span id, meta) linked for the last question
+        self.exchange: Exchange | None = None  # the last question and its answer so far (row 0)
         self._pending: torch.Tensor | None = None  # (B, 1) last answer token, not yet in the cache
         self._logits: torch.Tensor | None = None
         self._decoding = None  # the paused decode loop of an unfinished answer
@@ -123,6 +140,7 @@ class StreamSession:
             raise ValueError("append takes exactly one of input_ids or inputs_embeds")
         self._end_answer()
         self._forget_question()
+        self.exchange = None  # what follows is not the last question's answer
         if self.recall is not None:
             recall_.unlink(self.cache)
         return self._prefill(input_ids, inputs_embeds, evict, store, meta, vision, all_logits, positions,
@@ -220,6 +238,7 @@ class StreamSession:
         self._end_answer()
         self._forget_question()
         keep = keep or self.cache.policy.evict_while_decoding
+        self.exchange = Exchange(self.turns, input_ids[0].tolist(), kept=keep)
         linked, t0 = [], self.clock()
         if self.recall is not None:
             recall_.unlink(self.cache)
@@ -237,22 +256,44 @@ class StreamSession:
         self.last.recall_s = question.recall_s
         self.last_recalled = [(i, self.store.spans[i].meta) for i in question.linked if i in self.store]
 
-    def restore(self) -> list[int]:
-        """Rebuild the cache after a restart from a reopened store: the newest stored turns that fit in
-        the budget go back in as ordinary turns (linked, not re-encoded); older ones stay recallable.
-        Which tokens each head had kept is not saved, so the rebuilt cache is the recent window."""
+    def restore(self, exchanges: Iterable[Exchange | dict] = ()) -> list[int]:
+        """Rebuild the cache after a restart from a reopened store: the newest stored turns that fit in the budget
+        go back in as ordinary turns (linked, not re-encoded); older ones stay recallable. `exchanges` (the kept
+        questions and answers of a transcript, as `exchange` recorded them) go back between the clips where they
+        were asked, prefilled, so under a policy that evicts nothing the rebuilt cache is the one before the
+        restart. Which tokens each head had kept is not saved, so under a bounded one it is the recent window.
+        Returns the span ids linked back."""
         if self.store is None:
             raise ValueError("restore needs a session with recall (a store)")
+        spans = {i: span.length for i, span in self.store.spans.items()}
+        said = {e.turn: e for e in (x if isinstance(x, Exchange) else Exchange(**x) for x in exchanges)
+                if e.kept and e.turn not in spans}
+        lengths = spans | {t: len(e.question) + len(e.answer) for t, e in said.items()}
         room = min(self.cache.budgets) - self.kv_tokens if self.cache.budgets else float("inf")
         newest = []
-        for span_id in sorted(self.store.spans, reverse=True):
-            length = self.store.spans[span_id].length
-            if length > room:
+        for turn in sorted(lengths, reverse=True):
+            if lengths[turn] > room:
                 break
-            newest.insert(0, span_id)
-            room -= length
-        restored = recall_.link(self.cache, self.store, newest, "end", recalled=False)
-        self.seen += sum(self.store.spans[i].length for i in restored)
+            newest.insert(0, turn)
+            room -= lengths[turn]
+        restored, run = [], []
+        for turn in [*newest, None]:  # consecutive clips are linked together
+            if turn in spans:
+                run.append(turn)
+                continue
+            if run:
+                self._pending = None  # an answer's held-back token opens the span stored after it
+                restored += recall_.link(self.cache, self.store, run, "end", recalled=False)
+                self.seen += sum(spans[i] for i in run)
+                run = []
+            if turn is not None:
+                e = said[turn]
+                text = e.question + e.answer[:-1]  # the answer's last token is held back, as it was
+                if text:
+                    self.append(torch.tensor([text], device=self.device), evict=False, store=False)
+                self._pending = torch.tensor([e.answer[-1:]], device=self.device) if e.answer else None
+                self.turns = max(self.turns, turn + 1)
+        self._logits, self.exchange = None, None
         return restored
 
     def _question_keys(self, probe_ids: torch.Tensor) -> list[torch.Tensor]:
@@ -321,6 +362,8 @@ class StreamSession:
                 handed, finished = hand_over.receive()
                 self.last.decoded = step + 1
                 self.last.decode_s += self.clock() - t0  # the token is ready: its steps have run
+                if self.exchange is not None:
+                    self.exchange.answer.append(int(handed[0]))
                 yield handed
                 t0 = self.clock()  # the consumer's time is not the model's
                 if finished or last:

@@ -271,11 +271,11 @@ def _run(args, out) -> int:
     resume_at = (0, 0.0)
     if folder is not None and args.resume:
         resume_at = folder.resume_point(session.store)
-        restored = session.restore()
+        restored = session.restore(folder.exchanges())
         qs = folder.pending(qs, resume_at[1])  # those before it: asked now unless the transcript has them
         print(f"stream-qa: resuming after clip {resume_at[0]} ({resume_at[1]:.1f} s of video): {len(session.store)} "
-              f"clips stored, the last {len(restored)} back in the cache, {len(folder.answered())} answers so far",
-              file=sys.stderr)
+              f"clips stored, the last {len(restored)} back in the cache with the questions and answers between "
+              f"them, {len(folder.answered())} answers so far", file=sys.stderr)
     elif folder is not None:
         folder.save_settings({k: getattr(args, k) for k in SESSION_SETTINGS} | {"video": str(video) if video else None})
     if soak:
@@ -317,7 +317,7 @@ def _run(args, out) -> int:
 def print_answer(args, out, answer, folder) -> None:
     """An answer's record line (--json), or the line after its streamed text; kept in a session folder."""
     if folder is not None:
-        folder.write_answer(answer.as_dict())
+        folder.write_answer(answer)
     if args.json:
         out.write(json.dumps(answer.as_dict()) + "\n")
     else:

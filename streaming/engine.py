@@ -57,9 +57,12 @@ class Answer:
     recalled: list = field(default_factory=list)  # stored clips linked back for this answer: {clip, start, end}
     looked_up: str = ""  # what the question was read as asking for, and which clip answers it (`intent.py`)
     source: str = "model"  # "model", or "clip log" for when/how-often answers read off the clip log
+    # the question and answer as the cache took them (`inf_mllm.session.Exchange`): a session folder's transcript
+    # keeps it, so a resumed session puts them back; not part of the record printed
+    exchange: dict | None = None
 
     def as_dict(self) -> dict:
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items()}
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "exchange"}
 
 
 @dataclass
@@ -350,7 +353,8 @@ class TurnEngine:
             video_t=self.video_t, question=question.text, answer="".join(pieces).strip(), ttft_s=first - t0,
             tokens_per_s=self.session.last.tokens_per_s if direct is None else 0.0, kv_tokens=self.session.kv_tokens,
             kv_mb=self.session.kv_bytes / 2**20, rss_mb=psutil.Process().memory_info().rss / 2**20,
-            recalled=recalled, looked_up=resolution.why, source="model" if direct is None else "clip log")
+            recalled=recalled, looked_up=resolution.why, source="model" if direct is None else "clip log",
+            exchange=self.session.exchange.as_dict() if direct is None and self.session.exchange else None)
 
 
 def _first_line(err: BaseException) -> str:

@@ -124,7 +124,7 @@ class HostedSession(LiveSession):
             session.cache.reserve(headroom(adapter, settings.max_new_tokens))
             if folder is not None and folder.resume:
                 resume_at = folder.resume_point(session.store)
-                pool.call(None, session.restore)
+                pool.call(None, session.restore, folder.exchanges())
                 before = [Answer(**{k: v for k, v in row.items() if k in ANSWER_FIELDS}) for row in folder.answered()]
             session = pool.admit(session)
         except ValueError as err:  # too small a budget, a bad window, no room in the pool: as stream-qa says it
@@ -142,7 +142,7 @@ class HostedSession(LiveSession):
 
     def _answered(self, answer) -> None:
         if self.folder is not None:
-            self.folder.write_answer(answer.as_dict())  # on disk before the client has it
+            self.folder.write_answer(answer)  # on disk before the client has it
         super()._answered(answer)
 
     def close(self) -> None:

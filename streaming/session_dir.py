@@ -175,9 +175,15 @@ class SessionDir:
             except OSError as err:
                 self._stop("transcript", err)
 
-    def write_answer(self, row: dict) -> None:
-        """One JSON line, on disk before the answer is printed; a disk fault stops the saving, not the answers. The
-        clips stored before the answer are on disk first (the store writes on a thread of its own)."""
+    def exchanges(self) -> list[dict]:
+        """The questions and answers as the cache took them, for `StreamSession.restore` to put back."""
+        return [row["exchange"] for row in self.answered() if isinstance(row.get("exchange"), dict)]
+
+    def write_answer(self, answer) -> None:
+        """The answer's record and its exchange (`Answer.exchange`) as one JSON line, on disk before the answer is
+        printed; a disk fault stops the saving, not the answers. The clips stored before the answer are on disk
+        first (the store writes on a thread of its own)."""
+        row = answer.as_dict() | ({"exchange": answer.exchange} if answer.exchange else {})
         if self.store is not None:
             self.store.flush()
         if not self.saving["transcript"]:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 from clocks import SteppedClock
@@ -16,6 +17,7 @@ from clocks import SteppedClock
 from inf_mllm import StreamSession, store_index
 from inf_mllm import recall as recall_
 from inf_mllm.store import SpanStore
+from streaming.sources import FileSource, bundled_clip
 
 
 def ids_of(tok, text):
@@ -230,6 +232,57 @@ def test_a_turn_that_fails_midway_leaves_the_session_as_it_was(smol):
 # --- tiny-vlm and stream-qa ----------------------------------------------------------------------
 
 
+def restart_of(vlm, folder, plan):
+    """A `full+recall` session over bikes.mp4's clips and the questions of `plan` ("clip", or (question, keep)),
+    its store closed as a crash would leave it; returns (the session, the exchanges of its answers)."""
+    frames = list(FileSource(bundled_clip(), fps=2.0))
+    session, exchanges, index = vlm.new_session("full+recall", store=folder), [], 0
+    for step in plan:
+        if step == "clip":
+            index += 1
+            clip = frames[2 * index - 2:2 * index]
+            vlm.add_clip(session, np.stack([f.rgb for f in clip]), [f.t for f in clip], index)
+        else:
+            vlm.answer(session, step[0], max_new_tokens=6, keep=step[1])
+            exchanges.append(session.exchange.as_dict())
+    session.store.close()
+    return session, exchanges
+
+
+def test_a_restored_session_is_the_one_before_the_restart(vlm, tmp_path):
+    """Under a policy that evicts nothing, `restore` with the transcript's exchanges puts the kept questions and
+    answers back between the clips where they were asked: every layer's K/V, the held-back answer token and the
+    next answer are those of the session before the restart. A question that left with its answer (keep=False)
+    stays out; without the exchanges, the rebuilt cache lacks them all."""
+    plan = ["clip", "clip", ("what is in the video?", True), "clip", ("what color is the shape?", False),
+            ("what do you see?", True), ("is it a bike?", True), "clip", "clip", ("what is there now?", True)]
+    before, exchanges = restart_of(vlm, tmp_path / "store", plan)
+    assert [e["kept"] for e in exchanges] == [True, False, True, True, True] and all(e["answer"] for e in exchanges)
+    json.dumps(exchanges)  # what a transcript line holds
+    again = vlm.new_session("full+recall", store=tmp_path / "store")
+    assert again.restore(exchanges) == sorted(again.store.spans)
+    cached = before.kv_tokens
+    assert again.kv_tokens == cached
+    assert torch.equal(again._pending, before._pending)
+    for old, new in zip(before.cache.layers, again.cache.layers, strict=True):
+        n = old.get_seq_length()
+        assert new.get_seq_length() == n
+        assert (old.keys[..., :n, :] - new.keys[..., :n, :]).abs().max() < 1e-4
+        assert (old.values[..., :n, :] - new.values[..., :n, :]).abs().max() < 1e-4
+    question = vlm.question_turn("what happened so far?")
+    want, got = before.append_question(question), again.append_question(question)
+    assert (want - got).abs().max() < 1e-4
+    assert [int(t[0]) for t in before.generate(8)] == [int(t[0]) for t in again.generate(8)]
+    again.store.close()
+    bare = vlm.new_session("full+recall", store=tmp_path / "store")
+    bare.restore()
+    clips = sum(span.length for span in bare.store.spans.values())
+    assert bare.kv_tokens == vlm.new_session("full").kv_tokens + clips < cached  # the opening turn and the clips
+    bare.store.close()
+
+
+
+
 @pytest.mark.slow
 def test_stream_qa_answers_from_a_recalled_clip_after_kill_9_and_resume(tmp_path):
     """A session over the bundled clip (looped) is killed mid-stream; --resume rebuilds the cache from
@@ -259,7 +312,8 @@ def test_stream_qa_answers_from_a_recalled_clip_after_kill_9_and_resume(tmp_path
     answer = json.loads(line)
     assert answer["recalled"] and answer["recalled"][0]["clip"] == 1 and answer["recalled"][0]["start"] == 0.0
     lines = (folder / "transcript.jsonl").read_text().splitlines()
-    assert len(lines) == 2 and json.loads(lines[-1]) == answer
+    row = json.loads(lines[-1])  # the record printed, and what the cache took (for the next resume)
+    assert len(lines) == 2 and row.pop("exchange")["answer"] and row == answer
 
 def test_stream_qa_rejects_an_unknown_recall_suffix_in_one_line():
     out = subprocess.run([sys.executable, "-m", "streaming.cli", "--policy", "inf_mllm+recal"],

@@ -17,6 +17,7 @@ import torch
 from inf_mllm import diskio, store_index
 from inf_mllm.store import Span, SpanStore
 from streaming.cli import main
+from streaming.engine import Answer
 from streaming.errors import environment_fault
 from streaming.session_dir import SessionDir
 from streaming.sources import bundled_clip
@@ -189,15 +190,20 @@ def fail(kind: int, paths: str = ""):
     return hook
 
 
+def answered(text: str) -> Answer:
+    return Answer(video_t=1.0, question="q", answer=text, ttft_s=0.1, tokens_per_s=9.0, kv_tokens=4, kv_mb=0.1,
+                  rss_mb=9.0)
+
+
 @pytest.mark.parametrize("kind", [errno.ENOSPC, errno.EROFS])
 def test_a_transcript_that_cannot_be_written_warns_once_and_answers_go_on(kind, tmp_path, monkeypatch):
     said = []
     folder = SessionDir(tmp_path / "s", resume=False, warn=said.append)
     folder.save_settings({"fps": 1.0})
-    folder.write_answer({"answer": "one"})
+    folder.write_answer(answered("one"))
     monkeypatch.setattr(diskio, "hook", fail(kind, "transcript"))
-    folder.write_answer({"answer": "two"})
-    folder.write_answer({"answer": "three"})
+    folder.write_answer(answered("two"))
+    folder.write_answer(answered("three"))
     monkeypatch.setattr(diskio, "hook", None)
     assert [r["answer"] for r in folder.answered()] == ["one"]
     assert len(said) == 1 and "transcript.jsonl cannot be written" in said[0] and "printed but not saved" in said[0]
@@ -219,14 +225,14 @@ def test_a_read_only_session_is_resumed_read_only(tmp_path, monkeypatch):
     folder = tmp_path / "s"
     first = SessionDir(folder, resume=False)
     first.save_settings({"fps": 1.0})
-    first.write_answer({"answer": "one"})
+    first.write_answer(answered("one"))
     first.close()
     filled(folder / "store", ids=(1, 2))
     monkeypatch.setattr(diskio, "hook", fail(errno.EROFS))  # every write the folder would see fails
     said = []
     again = SessionDir(folder, resume=True, warn=said.append)
     assert len(said) == 1 and "running read-only" in said[0] and not any(again.saving.values())
-    again.write_answer({"answer": "two"})  # not saved, and no error
+    again.write_answer(answered("two"))  # not saved, and no error
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         store = again.open_store()
