@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from inf_mllm.spec import SCORERS
-from streaming.intent import notes
+from streaming.provenance import notes
 from streaming.sources import CaptureSource, SourceError, bundled_clip
 
 from .chat import MODELS, BadInput, Chat, Settings

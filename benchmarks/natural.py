@@ -23,7 +23,9 @@ rate of answers naming a thing, or saying yes to one, that the target clip's own
 time to first token. Policies: `inf_mllm` (no recall), `inf_mllm+recall` (links the clips the words
 resolve to), `inf_mllm+recall_keys` (links by the question's keys past the gate, as for models whose
 turns carry no words; the question is still phrased by the words), and `inf_mllm+recall_oracle` (the
-clips the truth names are linked: the ceiling of recall).
+clips the truth names are linked: the ceiling of recall). `POLICY@library` asks the same questions
+through the library call the README shows (`adapter.answer(session, question)`, no caller resolving
+the words first): the path every caller shares, measured apart.
 
 The clips are encoded once (the montage reuses 4-s pieces), so a policy's run is its prefills and
 answers only. Writes `natural.json` (records), `natural_rows.json` (every answer) and `natural.png`.
@@ -33,6 +35,7 @@ import json
 import random
 import re
 import statistics
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,11 +43,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from inf_mllm.intent import sees
 from models.tiny_vlm.labels import mentioned, words_of
 from models.tiny_vlm.model import TinyVLM
 from models.tiny_vlm.scenes import _video_path, article, frames_at, video_shape
-from streaming.engine import Clip, TurnEngine
-from streaming.intent import sees
+from streaming.engine import Answer, Clip, TurnEngine
 from streaming.questions import Question
 
 from .common import print_table, record, rss_mb, write
@@ -269,8 +272,25 @@ def age_bucket(seconds: float) -> str:
     return next(label for limit, label in AGES if seconds <= limit)
 
 
+def library_answer(vlm, session, text: str) -> Answer:
+    """The question asked as the README's library call asks it (`adapter.answer(session, question)`: no words
+    resolved by a caller), recorded as the engine records an answer; the clip log answered it if the model was
+    not asked (no turn appended)."""
+    turns, t0 = session.turns, time.perf_counter()
+    pieces = vlm.ask(session, text, max_new_tokens=12)
+    first = next(pieces, "")
+    ttft = time.perf_counter() - t0
+    said = (first + "".join(pieces)).strip()
+    model = session.turns != turns
+    recalled = [{"clip": meta["clip"]} for _, meta in session.last_recalled] if model else []
+    return Answer(video_t=0.0, question=text, answer=said, ttft_s=ttft, tokens_per_s=0.0, kv_tokens=session.kv_tokens,
+                  kv_mb=0.0, rss_mb=0.0, recalled=recalled, source="model" if model else "clip log")
+
+
 def run_policy(vlm, policy: str, order, visual, asks, table, bar) -> list[dict]:
-    session = vlm.new_session(policy, budget=BUDGET)
+    """`policy`, or `policy@library`: its questions asked through the library call instead of the engine."""
+    name, _, path = policy.partition("@")
+    session = vlm.new_session(name, budget=BUDGET)
     engine = TurnEngine(vlm, session, clip_seconds=CLIP_S, max_new_tokens=12)
     truth = {(a.text, float(a.at)): a for a in asks}
     engine.oracle = lambda q: (lambda meta, a=truth[(q.text, q.at)]: meta.get("clip", 0) - 1 in a.target)
@@ -281,7 +301,8 @@ def run_policy(vlm, policy: str, order, visual, asks, table, bar) -> list[dict]:
             bar.update(1)
             while pending and pending[0].at == k:
                 ask = pending.pop(0)
-                answer = engine.answer(Question(ask.text, float(ask.at)))
+                answer = library_answer(vlm, session, ask.text) if path == "library" else \
+                    engine.answer(Question(ask.text, float(ask.at)))
                 log = {m["clip"] - 1: m for m in engine.log}
                 seen = [log[j].get("seen", "") for j in ask.target if j in log]
                 age = (k - max(ask.target)) * CLIP_S if ask.target else None

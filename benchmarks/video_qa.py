@@ -23,12 +23,13 @@ import torch
 from tqdm import tqdm
 
 from inf_mllm import KVShape, recall
+from inf_mllm.intent import references
 from inf_mllm.recall import resident_spans
 from models import load_adapter
 from models.tiny_vlm.data import group_by_image, image_paths, load_image, named, questions
 from streaming.clips import clip_end, grouped
 from streaming.engine import TurnEngine
-from streaming.questions import SAMPLE_QUESTION, Question, Schedule, every, references
+from streaming.questions import SAMPLE_QUESTION, Question, Schedule, every
 from streaming.sources import FileSource, bundled_clip
 
 from .common import RoundTimer, config_for, plot, policy_names, print_table, record, rss_mb, write

@@ -146,6 +146,10 @@ class SpanStore:
         scoring reads it: unit keys in fp32 (found by id, not searched)."""
         return self._stack.rows(span_ids), self._stack.all()[1]
 
+    def clips(self) -> list[dict]:
+        """The meta of every stored clip turn, in clip order: the clip log a question is resolved against."""
+        return sorted((span.meta for span in self.spans.values() if "clip" in span.meta), key=lambda m: m["clip"])
+
     def __len__(self) -> int:
         return len(self.spans)
 

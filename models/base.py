@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from inf_mllm.intent import Intent, Resolution, linking, log_answer, read, resolve
 from inf_mllm.session import StreamSession
 from inf_mllm.spec import PolicySpec
 
@@ -41,6 +42,21 @@ class EncodedClip:
     meta: dict = field(default_factory=dict)
     times: list[float] | None = None
     inject: list[torch.Tensor] | None = None
+
+
+@dataclass
+class Reading:
+    """A question as every caller asks it (the engine and `VideoAdapter.ask`): what it asks for and the clips that
+    answer it (`inf_mllm.intent`), the text the model reads (`VideoAdapter.phrase`), what recall may link
+    (`intent.linking`: exactly the resolved clips, none for the present), whether the question and its answer stay
+    in the cache, and the answer when the clip log holds it (when / how often: no model needed)."""
+
+    intent: Intent
+    resolution: Resolution
+    text: str
+    named: object  # Callable[[dict], bool] | None
+    keep: bool
+    direct: str | None
 
 
 def clip_span(timestamps: Sequence[float]) -> tuple[float, float | None]:
@@ -176,8 +192,21 @@ class VideoAdapter(ABC):
                        vision=(before, before + visual.shape[0]))
         return meta
 
+    def read_question(self, text: str, log: list[dict], now: float, oracle=None) -> Reading:
+        """How `text` is asked at video time `now`, given the clip log (every clip's meta, in order). `oracle`: a
+        predicate naming the clips that truly answer it (the benchmarks' oracle mode), taken instead of the words'."""
+        intent = read(text)
+        resolution = resolve(intent, log, now)
+        if oracle is not None:
+            targets = [m for m in log if oracle(m)]
+            focus = targets[-1] if targets and targets[-1] is not log[-1] else None
+            resolution = Resolution(targets, focus, "oracle", resolution.hits)
+        focus = resolution.focus
+        return Reading(intent, resolution, self.phrase(intent, focus["clip"] if focus else None), linking(resolution),
+                       focus is None or self.past_answers_stay, log_answer(intent, resolution))
+
     def phrase(self, intent, clip: int | None) -> str:
-        """The question as this model should read it, given its `streaming.intent.Intent` and the clip the
+        """The question as this model should read it, given its `inf_mllm.intent.Intent` and the clip the
         answer is about (None: the latest). Models that read plain words take it as asked."""
         return intent.text
 
@@ -187,7 +216,19 @@ class VideoAdapter(ABC):
         self.append_clip(session, visual, index, *clip_span(timestamps))
 
     def ask(self, session: StreamSession, question: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
-        """Append the question (recalling the stored clips it needs) and stream the answer as text pieces."""
+        """Append the question (recalling the stored clips it needs) and stream the answer as text pieces.
+
+        On a session with recall, a question given without `named` is read as the engine reads it
+        (`read_question`, against the clips the store holds): it links exactly the clips its words resolve to
+        (none for a question about the present), the model reads it as this adapter phrases it, and when or how
+        often a thing was seen is answered from the clip log. A caller that resolved it already passes `named`."""
+        if session.recall is not None and "named" not in kwargs:
+            log = session.store.clips()
+            reading = self.read_question(question, log, log[-1]["end"] if log else 0.0)
+            if reading.direct is not None:
+                return iter([reading.direct])
+            question, kwargs["named"] = reading.text, reading.named
+            kwargs.setdefault("keep", reading.keep)
         session.append_question(self.question_turn(question, session), named=kwargs.pop("named", None),
                                 oracle=kwargs.pop("oracle", None), keep=kwargs.pop("keep", True))
         return self.stream_answer(session, max_new_tokens, **kwargs)

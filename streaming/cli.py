@@ -35,7 +35,7 @@ from .errors import (
     environment_fault,
     is_user_error,
 )
-from .intent import notes
+from .provenance import notes
 from .questions import (
     Question,
     QuestionError,

@@ -26,12 +26,11 @@ import numpy as np
 import psutil
 import torch
 
-from models.base import EncodedClip
+from models.base import EncodedClip, Reading
 
 from . import budgets
 from .clips import clip_end, grouped
 from .errors import is_user_error
-from .intent import Intent, Resolution, log_answer, read, resolve
 from .questions import Question, Schedule
 
 
@@ -306,25 +305,20 @@ class TurnEngine:
                 if is_user_error(err) or self._retry_after(err, where) is not None:
                     raise  # an answer that cannot be given ends the run: it is not dropped silently
 
-    def read(self, question: Question) -> tuple[Intent, Resolution]:
-        """What the question asks for and the clips that answer it (`intent.py`); in the oracle mode of the
-        benchmarks, the clips the oracle names."""
-        intent, log = read(question.text), self.clip_log()
-        resolution = resolve(intent, log, self.video_t)
+    def read(self, question: Question) -> Reading:
+        """How the question is asked (`VideoAdapter.read_question`, against the clip log at the video's time); in
+        the oracle mode of the benchmarks, about the clips the oracle names."""
         recall = self.session.recall
-        if self.oracle is not None and recall is not None and recall.mode == "oracle":
-            truth = self.oracle(question)
-            targets = [m for m in log if truth(m)]
-            focus = targets[-1] if targets and targets[-1] is not log[-1] else None
-            resolution = Resolution(targets, focus, "oracle", resolution.hits)
-        return intent, resolution
+        oracle = self.oracle(question) if self.oracle is not None and recall is not None and recall.mode == "oracle" \
+            else None
+        return self.adapter.read_question(question.text, self.clip_log(), self.video_t, oracle)
 
     def answer(self, question: Question, on_token=None) -> Answer:
         if on_token:
             on_token(question, None)  # announces the question before its first token
         t0 = time.perf_counter()
-        intent, resolution = self.read(question)
-        direct = log_answer(intent, resolution)
+        reading = self.read(question)
+        direct = reading.direct
         pieces, first, recalled = [], None, []
         if direct is not None:
             pieces, first = [direct], time.perf_counter()
@@ -332,13 +326,12 @@ class TurnEngine:
                 on_token(question, direct)
         else:
             # a question about a past clip may leave with its answer: its "yes" would sway the next question
-            extra = {"keep": resolution.focus is None or self.adapter.past_answers_stay}
+            extra = {"keep": reading.keep}
             if self.session.recall is not None:
-                ids = {m["clip"] for m in resolution.targets}
-                extra["named"] = (lambda meta: meta.get("clip") in ids) if resolution.decided else None
+                extra["named"] = reading.named
                 if self.oracle:
                     extra["oracle"] = self.oracle(question)
-            text = self.adapter.phrase(intent, resolution.focus["clip"] if resolution.focus else None)
+            text = reading.text
             for piece in self._ask(Question(text, question.at), extra):
                 if first is None:
                     first = time.perf_counter()
@@ -353,7 +346,7 @@ class TurnEngine:
             video_t=self.video_t, question=question.text, answer="".join(pieces).strip(), ttft_s=first - t0,
             tokens_per_s=self.session.last.tokens_per_s if direct is None else 0.0, kv_tokens=self.session.kv_tokens,
             kv_mb=self.session.kv_bytes / 2**20, rss_mb=psutil.Process().memory_info().rss / 2**20,
-            recalled=recalled, looked_up=resolution.why, source="model" if direct is None else "clip log",
+            recalled=recalled, looked_up=reading.resolution.why, source="model" if direct is None else "clip log",
             exchange=self.session.exchange.as_dict() if direct is None and self.session.exchange else None)
 
 

@@ -4,19 +4,18 @@ A question at video time t is answered once every clip up to t has gone in; a qu
 time is answered at the next turn boundary.
 """
 
-import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from inf_mllm.intent import seconds
 
 from .errors import UserError
 
 # a typical question: what a budget must hold besides a clip turn is sized with it
 SAMPLE_QUESTION = "what is the color of the shape?"
 
-_NUM = r"(\d+(?:\.\d+)?)"
 MAX_QUESTION_CHARS = 2000  # ~500 tokens: a question's prefill stays well under a second on a CPU
-_TIME = re.compile(rf"^(?:(\d+):)?(?:(\d+):)?{_NUM}$|^(?:{_NUM}h)?(?:{_NUM}m)?(?:{_NUM}s)?$")
 
 
 class QuestionError(UserError):
@@ -29,36 +28,12 @@ class Question:
     at: float | None = None  # video seconds; None: at the next turn boundary
 
 
-_CLIP_REF = re.compile(r"\bclips?\s+#?(\d+)\b", re.IGNORECASE)
-_TIME_REF = re.compile(r"\b(?:at|around)\s+(\d+:\d{2}(?::\d{2})?|\d+(?:\.\d+)?\s*s\b|\d+m(?:\d+s)?)", re.IGNORECASE)
-
-
-def references(text: str):
-    """What a question names of the past — "clip 137", "at 2:30", "at 45s" — as a predicate on a
-    stored turn's meta ({clip, start, end}), or None when it names nothing (`intent.read` then reads
-    the question's words)."""
-    clips = {int(n) for n in _CLIP_REF.findall(text)}
-    times = []
-    for t in _TIME_REF.findall(text):
-        with contextlib.suppress(QuestionError):  # not a time after all: nothing named
-            times.append(parse_time(t.replace(" ", "")))
-    if not clips and not times:
-        return None
-    return lambda meta: meta.get("clip") in clips or any(
-        meta.get("start", -1) <= t < meta.get("end", -1) for t in times)
-
-
 def parse_time(text: str) -> float:
     """Seconds from "90", "90s", "1m30s", "1h", "1:30" or "1:02:03"."""
-    text = text.strip()
-    m = _TIME.match(text)
-    if not text or not m or not any(m.groups()):
-        raise QuestionError(f"cannot read {text!r} as a video time (use e.g. 30s, 1m30s, 1:30)")
-    a, b, c, h, mi, s = m.groups()
-    if c is not None:  # clock form: [[h:]m:]s
-        parts = [float(x) for x in (a, b, c) if x is not None]
-        return sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
-    return float(h or 0) * 3600 + float(mi or 0) * 60 + float(s or 0)
+    try:
+        return seconds(text)
+    except ValueError as err:
+        raise QuestionError(str(err)) from None
 
 
 def parse_ask(text: str) -> Question:

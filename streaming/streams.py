@@ -14,8 +14,8 @@ from pathlib import Path
 
 from .budgets import headroom
 from .errors import EXIT_BAD_INPUT, ConfigError, UsageError, is_user_error
-from .intent import notes
 from .memory import MB, auto_budget
+from .provenance import notes
 
 
 def sources_of(args) -> list[tuple[str, dict]]:

@@ -1,10 +1,11 @@
-"""Questions in plain words (`streaming/intent.py`): what they ask, which clips answer them, the answers
+"""Questions in plain words (`inf_mllm/intent.py`): what they ask, which clips answer them, the answers
 read off the clip log, and, on the real tiny-vlm with real photos, recall that links the clip a question
 needs and nothing for a question about the present."""
 
 import pytest
 
-from streaming.intent import clock, log_answer, notes, read, resolve
+from inf_mllm.intent import clock, log_answer, read, resolve
+from streaming.provenance import notes
 
 SEEN = ["clock", "tram", "Egyptian Mau (cat), tabby cat", "Egyptian Mau (cat), tabby cat", "suit (person), "
         "mountain bike (bicycle)", "espresso (coffee), cup", "sorrel (horse)", "missile (rocket)", "tram",

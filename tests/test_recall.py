@@ -14,6 +14,7 @@ import pytest
 import torch
 from clocks import SteppedClock
 
+from benchmarks.real_scenes import clip_frames, photo
 from inf_mllm import StreamSession, store_index
 from inf_mllm import recall as recall_
 from inf_mllm.store import SpanStore
@@ -230,6 +231,31 @@ def test_a_turn_that_fails_midway_leaves_the_session_as_it_was(smol):
 
 
 # --- tiny-vlm and stream-qa ----------------------------------------------------------------------
+
+
+def test_the_library_call_reads_a_question_as_the_engine_does(vlm):
+    """The README's library call (`answer(session, question)`: no caller resolves the words) on a recall session over
+    real photos and footage: a cat photo, 24 clips of bikes.mp4 (the cat long evicted at budget 256), a rocket photo
+    on screen. A question about the present links nothing; "did you see a cat?" links the cat's clip alone and says
+    yes; "when …" is read off the clip log. Before, the same calls linked four clips by their keys to every question
+    (the present's too) and answered "no" about the cat."""
+    street, t = [f.rgb for f in FileSource(bundled_clip(), fps=2.0)], 0.0
+    session = vlm.new_session("inf_mllm+recall", budget=256)
+    clips = [list(clip_frames(photo("chelsea")))]
+    clips += [[street[2 * i % len(street)], street[(2 * i + 1) % len(street)]] for i in range(24)]
+    clips += [list(clip_frames(photo("rocket")))]
+    for index, frames in enumerate(clips, 1):
+        vlm.add_clip(session, np.stack(frames), [t + 0.5 * k for k in range(len(frames))], index)
+        t += 0.5 * len(frames)
+    cat = next(i for i, span in session.store.spans.items() if span.meta["clip"] == 1)
+    assert cat not in recall_.resident_spans(session.cache, session.store, session.recall.resident)
+    present = vlm.answer(session, "what is in the video?")
+    assert session.last_recalled == [] and "rocket" in present
+    assert vlm.answer(session, "did you see a cat?") == "yes"
+    assert [meta["clip"] for _, meta in session.last_recalled] == [1]
+    turns = session.turns
+    assert vlm.answer(session, "when did you see a cat?") == "at 0:00 (clip 1)" and session.turns == turns
+    assert vlm.answer(session, "is there a rocket now?") == "yes" and session.last_recalled == []
 
 
 def restart_of(vlm, folder, plan):

@@ -134,11 +134,14 @@ def run(argv, capsys, faults=None, monkeypatch=None):
 
 
 def transcript(folder) -> list[dict]:
+    """The answers' records as printed (a row's `exchange`, what the cache took, is the transcript's own)."""
     path = folder / "transcript.jsonl"
     rows = []
     for line in path.read_bytes().split(b"\n") if path.exists() else []:
         with contextlib.suppress(ValueError):  # a torn last line
-            rows.append(json.loads(line))
+            row = json.loads(line)
+            row.pop("exchange", None)
+            rows.append(row)
     return rows
 
 

@@ -7,17 +7,52 @@ in time it looks (now, any time so far, the first or last time, the start, N min
 or after a thing, or a clip or time it names). `resolve` then picks the clips that answer it from the
 log of every clip's meta ({clip, start, end, seen}: `seen` holds the words the adapter's perception
 wrote into the clip's turn), by words against words, without the model: the latest clip that saw the
-thing, the clip a minute back, the first clip. The engine links the picked clips that have left the
-cache (recall) and nothing else, so a question about the present links nothing; an adapter may phrase
+thing, the clip a minute back, the first clip. Recall links the picked clips that have left the cache
+and nothing else (`linking`), so a question about the present links nothing; an adapter may phrase
 the question the way its model was trained to read it (`VideoAdapter.phrase`). When and how often are
 facts of the clip log, answered from it (`log_answer`).
+
+It lives beside recall so every caller reads a question the same way: the engine (`stream-qa`, the app,
+the server) and the library's `VideoAdapter.ask` on a session with recall (`VideoAdapter.read_question`).
 """
 
+import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .questions import references
+_NUM = r"(\d+(?:\.\d+)?)"
+_TIME = re.compile(rf"^(?:(\d+):)?(?:(\d+):)?{_NUM}$|^(?:{_NUM}h)?(?:{_NUM}m)?(?:{_NUM}s)?$")
+_CLIP_REF = re.compile(r"\bclips?\s+#?(\d+)\b", re.IGNORECASE)
+_TIME_REF = re.compile(r"\b(?:at|around)\s+(\d+:\d{2}(?::\d{2})?|\d+(?:\.\d+)?\s*s\b|\d+m(?:\d+s)?)", re.IGNORECASE)
+
+
+def seconds(text: str) -> float:
+    """Seconds from "90", "90s", "1m30s", "1h", "1:30" or "1:02:03" (ValueError otherwise)."""
+    text = text.strip()
+    m = _TIME.match(text)
+    if not text or not m or not any(m.groups()):
+        raise ValueError(f"cannot read {text!r} as a video time (use e.g. 30s, 1m30s, 1:30)")
+    a, b, c, h, mi, s = m.groups()
+    if c is not None:  # clock form: [[h:]m:]s
+        parts = [float(x) for x in (a, b, c) if x is not None]
+        return sum(v * 60 ** i for i, v in enumerate(reversed(parts)))
+    return float(h or 0) * 3600 + float(mi or 0) * 60 + float(s or 0)
+
+
+def references(text: str):
+    """What a question names of the past — "clip 137", "at 2:30", "at 45s" — as a predicate on a
+    stored turn's meta ({clip, start, end}), or None when it names nothing (`read` then reads
+    the question's words)."""
+    clips = {int(n) for n in _CLIP_REF.findall(text)}
+    times = []
+    for t in _TIME_REF.findall(text):
+        with contextlib.suppress(ValueError):  # not a time after all: nothing named
+            times.append(seconds(t.replace(" ", "")))
+    if not clips and not times:
+        return None
+    return lambda meta: meta.get("clip") in clips or any(
+        meta.get("start", -1) <= t < meta.get("end", -1) for t in times)
 
 KINDS = ("is", "what", "when", "count", "other")
 WHENS = ("now", "past", "first", "last", "start", "ago", "within", "before", "after", "named")
@@ -191,6 +226,15 @@ def resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
     return one(hits[0] if first else hits[-1], f"{'first' if first else 'last'} {asked}")
 
 
+def linking(resolution: Resolution) -> Callable[[dict], bool] | None:
+    """What recall links for a resolved question: exactly the clips it resolved to (nothing for the present), or
+    None when the clips carry no words to resolve by (recall then ranks the stored clips by the question's keys)."""
+    if not resolution.decided:
+        return None
+    ids = {m["clip"] for m in resolution.targets}
+    return lambda meta: meta.get("clip") in ids
+
+
 def log_answer(intent: Intent, resolution: Resolution) -> str | None:
     """The answer to "when …?" and "how many times …?" about a thing, read off the clip log (None: the
     model answers)."""
@@ -211,11 +255,3 @@ def clock(seconds: float) -> str:
     """"1:05" or "1:02:03" for a video time."""
     s = int(seconds)
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
-def notes(answer) -> str:
-    """What an engine `Answer` looked up and linked, in a few words for the user ("last cat: clip 12 (0:44-0:48),
-    recalled clip 12")."""
-    linked = ", ".join(f"clip {c['clip']}" for c in answer.recalled)
-    return answer.looked_up + (f"; recalled {linked}" if linked else "") + (
-        "; read off the clip log" if answer.source != "model" else "")
