@@ -77,6 +77,7 @@ class SpanStore:
         self.on_disk: dict[int, tuple[str, str, int]] = {}  # id -> (file, sha256, bytes)
         self._stack = SummaryStack()
         self._next_id = 0  # above every id the folder ever indexed: ids are never reused
+        self._clip_log: dict[int, dict] = {}  # every clip turn's meta this store took, dropped or not (bytes each)
         self.writable, self._lock, self._index = False, None, None
         self._writer = Writer()
         self._pending: set[int] = set()  # spans whose file the writer has yet to write
@@ -91,6 +92,8 @@ class SpanStore:
         if span.id in self.spans:  # stored again: the old one's bytes go
             self._let_go(self.spans[span.id])
         self.spans[span.id] = span
+        if "clip" in span.meta:
+            self._clip_log[span.meta["clip"]] = span.meta
         self._hold(span)
         self._stack.add(span)
         if self.folder is not None and self.writable:
@@ -147,8 +150,10 @@ class SpanStore:
         return self._stack.rows(span_ids), self._stack.all()[1]
 
     def clips(self) -> list[dict]:
-        """The meta of every stored clip turn, in clip order: the clip log a question is resolved against."""
-        return sorted((span.meta for span in self.spans.values() if "clip" in span.meta), key=lambda m: m["clip"])
+        """The meta of every clip turn stored, in clip order, those the caps have dropped since too (a question about
+        them still resolves to them, as the engine's own log does): the clip log a question is resolved against."""
+        held = {span.meta["clip"]: span.meta for span in self.spans.values() if "clip" in span.meta}
+        return sorted((self._clip_log | held).values(), key=lambda m: m["clip"])
 
     def __len__(self) -> int:
         return len(self.spans)

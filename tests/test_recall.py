@@ -145,6 +145,17 @@ def test_store_reopens_from_disk_and_drops_a_corrupt_file(smol, tmp_path):
     assert len(third) == len(TURNS) - 1
 
 
+def test_the_clip_log_keeps_the_clips_the_caps_dropped(smol):
+    """The library resolves a question against `SpanStore.clips()`: a clip whose KV the RAM cap dropped is still
+    in it (a question about it still resolves to it, as against the engine's own log), and none of its KV is kept."""
+    session = streamed(smol)
+    one = session.store.spans[1].nbytes
+    store = SpanStore(ram_bytes=2 * one + 1)
+    for span in list(session.store.spans.values()):
+        store.add(span.__class__(span.id, span.length, span.summary, {"clip": span.id + 1}, span.keys, span.values))
+    assert len(store) < 4 and [m["clip"] for m in store.clips()] == [1, 2, 3, 4]  # dropped, still in the log
+
+
 def test_store_caps_drop_least_recently_used(smol, tmp_path):
     session = streamed(smol)
     one = session.store.spans[1].nbytes
