@@ -19,7 +19,8 @@ clip turns: anything older than ~45 s has left the cache): accuracy per question
 clip's perception named the thing asked about (`recognised`: memory measured apart from the
 classifier's misses); the false-link rate (present questions that linked a stored clip); the
 rate of answers naming a thing, or saying yes to one, that the target clip's own words do not hold
-(`not in the target's words`; naming one that no clip's words hold at all: `hallucination`);
+(`not in the target's words`; naming one that no clip's words hold at all: `hallucination`); the rate of
+"no" answers beside a provenance line that found the thing (`contradicts its provenance`);
 time to first token. Policies: `inf_mllm` (no recall), `inf_mllm+recall` (links the clips the words
 resolve to), `inf_mllm+recall_keys` (links by the question's keys past the gate, as for models whose
 turns carry no words; the question is still phrased by the words), and `inf_mllm+recall_oracle` (the
@@ -276,6 +277,8 @@ def library_answer(vlm, session, text: str) -> Answer:
     """The question asked as the README's library call asks it (`adapter.answer(session, question)`: no words
     resolved by a caller), recorded as the engine records an answer; the clip log answered it if the model was
     not asked (no turn appended)."""
+    log = session.store.clips()
+    why = vlm.read_question(text, log, log[-1]["end"] if log else 0.0).resolution.why  # what `ask` reads it as
     turns, t0 = session.turns, time.perf_counter()
     pieces = vlm.ask(session, text, max_new_tokens=12)
     first = next(pieces, "")
@@ -284,7 +287,13 @@ def library_answer(vlm, session, text: str) -> Answer:
     model = session.turns != turns
     recalled = [{"clip": meta["clip"]} for _, meta in session.last_recalled] if model else []
     return Answer(video_t=0.0, question=text, answer=said, ttft_s=ttft, tokens_per_s=0.0, kv_tokens=session.kv_tokens,
-                  kv_mb=0.0, rss_mb=0.0, recalled=recalled, source="model" if model else "clip log")
+                  kv_mb=0.0, rss_mb=0.0, recalled=recalled, looked_up=why, source="model" if model else "clip log")
+
+
+def contradicts(answer: str, looked_up: str) -> bool:
+    """A "no" beside a provenance line that found the thing asked about ("last cat: clip 12 (0:44-0:48)")."""
+    found = re.match(r"(?:first|last) [\w-]+: clip \d+", looked_up)
+    return answer.strip().lower().startswith("no") and found is not None
 
 
 def run_policy(vlm, policy: str, order, visual, asks, table, bar) -> list[dict]:
@@ -315,6 +324,7 @@ def run_policy(vlm, policy: str, order, visual, asks, table, bar) -> list[dict]:
                              "looked_up": answer.looked_up, "source": answer.source, "ttft_s": answer.ttft_s,
                              "unsupported": unsupported(ask, answer.answer, seen),
                              "hallucinates": unsupported(ask, answer.answer, [m.get("seen", "") for m in log.values()]),
+                             "contradicts": contradicts(answer.answer, answer.looked_up),
                              })
     store_mb = session.store.ram_bytes / 2**20 if session.store is not None else 0.0
     return rows, [record("natural", policy, BUDGET, "kv_mb", session.kv_bytes / 2**20, "KV cache at the end"),
@@ -352,6 +362,8 @@ def summarize(rows: list[dict]) -> list[dict]:
                            "hallucination"))
         recs.append(record("natural", policy, BUDGET, "rate", statistics.mean(r["unsupported"] for r in mine),
                            "not in the target's words"))
+        recs.append(record("natural", policy, BUDGET, "rate", statistics.mean(r["contradicts"] for r in mine),
+                           "contradicts its provenance"))
         for kind in ("model", "clip log"):
             times = [r["ttft_s"] for r in mine if r["source"] == kind]
             if times:

@@ -55,7 +55,7 @@ def references(text: str):
         meta.get("start", -1) <= t < meta.get("end", -1) for t in times)
 
 KINDS = ("is", "what", "when", "count", "other")
-WHENS = ("now", "past", "first", "last", "start", "ago", "within", "before", "after", "named")
+WHENS = ("now", "past", "first", "last", "start", "ago", "within", "before", "after", "named", "all")
 
 _UNITS = {"second": 1, "sec": 1, "minute": 60, "min": 60, "hour": 3600}
 _NUMBER_WORDS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "ten": 10, "few": 3,
@@ -73,6 +73,8 @@ _TIME_PHRASES = [  # (when, pattern): the first that matches decides; its words 
     ("first", r"\b(?:the )?first time\b|\bfirst (?:see|saw|seen)\b|\bappear(?:ed|s)?\b|\bshow(?:ed|n)? up\b"),
     ("now", r"\bright now\b|\bnow\b|\bcurrently\b|\bat the moment\b|\bat present\b"),
 ]
+# the stream so far, nothing in particular: "what did you see?", "what happened so far?", "summarize the video"
+_SO_FAR = re.compile(r"\bso far\b|\bhappened\b|\bsummar(?:y|ise|ize)\b|\b(?:did|have) you (?:see|seen|watch|watched)\b")
 _PAST = re.compile(r"\b(?:did|was|were|saw|seen|had|earlier|ever|so far|previously|already|before|been)\b")
 _STOP = frozenset("""
 a an the any some this that these those it its there here is are was were be been being did do does done have
@@ -82,6 +84,7 @@ already just again else also see seen saw seeing look looked notice noticed spot
 appear appeared appears up on in at of to from for with by about during video stream screen clip clips scene
 thing things anything something everything nothing visible tell please last first start beginning end still
 next go goes went gone going pass passed passing come came by around near other any kind sort there's
+happen happened happening summary summarize summarise watch watched whole all until give me
 """.split())
 # the word a clip's labels use for what people call otherwise ("people" are a "person" there)
 _SAME = {"people": "person", "man": "person", "men": "person", "woman": "person", "women": "person",
@@ -159,6 +162,8 @@ def read(text: str) -> Intent:
         when = "past"
     words = [_SAME.get(w, w) for w in re.findall(r"[a-z][a-z-]*", rest) if w not in _STOP and len(w) > 1]
     things = tuple(reversed(words))  # the last noun is most often the thing ("is there a man in a suit")
+    if not things and when in ("past", "now") and _SO_FAR.search(low):
+        when = "all"
     core = " ".join(re.sub(r"\s+", " ", rest).split()).rstrip(" ?") + "?" if rest != low else text.strip()
     return Intent(text, kind, when, things, core, ago_s, anchor, named)
 
@@ -205,6 +210,9 @@ def resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
                    f"{intent.ago_s:g} s ago")
     if intent.when != "now" and not any(m.get("seen") for m in log):
         return Resolution([], None, "no words for what the clips show: matched by keys", decided=False)
+    if intent.when == "all":  # answered from every clip's words (`log_answer`): nothing to link
+        return Resolution([], None, f"the stream so far: {len(log)} clip(s), {clock(log[0]['start'])}-"
+                          f"{clock(log[-1]['end'])}", log)
     if intent.when in ("before", "after"):
         marks = [m for m in log if sees(m, intent.anchor)]
         if not marks:
@@ -236,8 +244,17 @@ def linking(resolution: Resolution) -> Callable[[dict], bool] | None:
 
 
 def log_answer(intent: Intent, resolution: Resolution) -> str | None:
-    """The answer to "when …?" and "how many times …?" about a thing, read off the clip log (None: the
-    model answers)."""
+    """The answer the clip log holds (None: the model answers): when and how often a thing was seen; "yes" to "did
+    you see …?" when a clip's words hold every thing asked about (a "no" is not the log's to give: perception may
+    have missed it); what the stream showed so far."""
+    if intent.when == "all":
+        return summary(resolution.hits)
+    if intent.kind == "is" and intent.when in ("past", "first", "last", "within") and intent.things:
+        hits = [m for m in resolution.hits if all(sees(m, t) for t in intent.things)]
+        if hits:
+            which = "first" if intent.when == "first" else "last"
+            meta = hits[0] if which == "first" else hits[-1]
+            return f"yes, {which} at {clock(meta['start'])} (clip {meta['clip']})"
     if intent.when in ("now", "named", "start", "ago", "within", "before", "after") or not intent.things:
         return None
     if intent.kind == "count":
@@ -249,6 +266,26 @@ def log_answer(intent: Intent, resolution: Resolution) -> str | None:
         meta = resolution.targets[0]
         return f"at {clock(meta['start'])} (clip {meta['clip']})"
     return None
+
+
+def summary(log: list[dict], most: int = 8) -> str:
+    """What the stream showed so far, from its clips' words: each thing at the time it was first seen, in order
+    ("0:00 cat; 0:04 person, bicycle; … (25 clips, 0:00-1:40)"); a label's category stands for it ("Egyptian Mau
+    (cat)" → cat)."""
+    first: dict[str, dict] = {}
+    for meta in log:
+        for item in meta.get("seen", "").split(","):
+            item = item.strip().lower()
+            if item and item != "nothing recognised":
+                kind = re.search(r"\(([^)]+)\)", item)
+                first.setdefault(kind.group(1) if kind else item.split()[-1], meta)
+    when: dict[float, list[str]] = {}  # start time → the things first seen then
+    for thing, meta in first.items():
+        when.setdefault(meta["start"], []).append(thing)
+    parts = [f"{clock(start)} {', '.join(things)}" for start, things in when.items()]
+    more = f"; and {len(parts) - most} more" if len(parts) > most else ""
+    span = f"{len(log)} clip(s), {clock(log[0]['start'])}-{clock(log[-1]['end'])}" if log else "no clip yet"
+    return ("; ".join(parts[:most]) or "nothing recognised") + more + f" ({span})"
 
 
 def clock(seconds: float) -> str:

@@ -8,7 +8,7 @@ and prepends to the next turn (see `StreamSession.generate`).
 """
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,7 +54,7 @@ class Reading:
     intent: Intent
     resolution: Resolution
     text: str
-    named: object  # Callable[[dict], bool] | None
+    named: Callable[[dict], bool] | None
     keep: bool
     direct: str | None
 

@@ -237,9 +237,9 @@ class TurnEngine:
 
     def clip_log(self) -> list[dict]:
         """Every clip's meta, by clip index: the clips of this run, and a resumed session's stored ones."""
-        stored = self.session.store.spans.values() if self.session.recall is not None else ()
-        metas = {m["clip"]: m for m in (s.meta for s in stored) if "clip" in m}
-        return sorted((metas | {m["clip"]: m for m in self.log}).values(), key=lambda m: m["clip"])
+        stored = self.session.store.clips() if self.session.recall is not None else []
+        return sorted(({m["clip"]: m for m in stored} | {m["clip"]: m for m in self.log}).values(),
+                      key=lambda m: m["clip"])
 
     def _append_clip(self, clip: Clip) -> bool:
         while True:

@@ -144,10 +144,10 @@ class SessionDir:
 
     def resume_point(self, store) -> tuple[int, float]:
         """(clips already in the store, video time they cover): where the stream goes on."""
-        clips = [span.meta for span in store.spans.values() if "clip" in span.meta]
+        clips = store.clips()
         if not clips:
             return 0, 0.0
-        last = max(clips, key=lambda m: m["clip"])
+        last = clips[-1]
         return int(last["clip"]), float(last.get("end", last.get("start", 0.0)))
 
     def answered(self) -> list[dict]:
