@@ -9,8 +9,9 @@ log of every clip's meta ({clip, start, end, seen}: `seen` holds the words the a
 wrote into the clip's turn), by words against words, without the model: the latest clip that saw the
 thing, the clip a minute back, the first clip. Recall links the picked clips that have left the cache
 and nothing else (`linking`), so a question about the present links nothing; an adapter may phrase
-the question the way its model was trained to read it (`VideoAdapter.phrase`). When and how often are
-facts of the clip log, answered from it (`log_answer`).
+the question the way its model was trained to read it (`VideoAdapter.phrase`). When and how often, "yes" to
+"did you see X?" where a clip's words hold X, and what the stream showed so far ("what did you see?") are facts
+of the clip log, answered from it (`log_answer`), so an answer never contradicts the clip its provenance names.
 
 It lives beside recall so every caller reads a question the same way: the engine (`stream-qa`, the app,
 the server) and the library's `VideoAdapter.ask` on a session with recall (`VideoAdapter.read_question`).
@@ -53,6 +54,7 @@ def references(text: str):
         return None
     return lambda meta: meta.get("clip") in clips or any(
         meta.get("start", -1) <= t < meta.get("end", -1) for t in times)
+
 
 KINDS = ("is", "what", "when", "count", "other")
 WHENS = ("now", "past", "first", "last", "start", "ago", "within", "before", "after", "named", "all")
