@@ -76,7 +76,8 @@ class KVBuffer:
         n = self.n
         if not self.static:
             cur = self.get()
-            self.set(torch.cat([cur[:, :, :at], rows, cur[:, :, at:] if tail is None else tail], dim=2))
+            self.set(rows if self.buf is None else
+                     torch.cat([cur[:, :, :at], rows, cur[:, :, at:] if tail is None else tail], dim=2))
             return
         moved = None if at == n else (self.buf[:, :, at:n].clone() if tail is None else tail)
         m = rows.shape[2]

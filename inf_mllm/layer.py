@@ -160,20 +160,22 @@ class StreamingLayer(DynamicLayer):
         is rotated once; the tokens after it move right by its extent (keys re-rotated), so positions stay
         contiguous. Under multimodal RoPE, `bases` (m + 1,) holds the block's unit bases from 0 and then its
         extent. A `recalled` block is remembered (`linked`) to be taken out again."""
-        m, (b, h) = keys.shape[2], self.keys.shape[:2]
+        if not self.is_initialized:  # nothing cached before it (a restored session that opens with no turn)
+            self.lazy_initialization(keys, values)
+        m, (b, h), n = keys.shape[2], keys.shape[:2], self.get_seq_length()
         inv_freq = self.cache.inv_freq
         to, shift = self.pos.open(at, bases, m)
         if isinstance(to, int) and not to and not bool(moves.any()):
             block = keys
         else:
             block = rerotate_by(keys.to(self.keys), to, moves.to(self.keys.device), inv_freq)
-        tail = self.keys[:, :, at:]  # moves right by the block's extent (at the end, as recall links: nothing)
+        tail = self.keys[:, :, at:] if at < n else None  # moves right by the block's extent (at the end: nothing)
         tail = rerotate(tail, torch.full((1, 1, tail.shape[2]), shift, device=keys.device), inv_freq) \
-            if tail.shape[2] else None
+            if tail is not None else None
         self._k.insert(at, block.to(self.keys.dtype), tail)
         self._v.insert(at, values.to(self.values))
-        if self.turn_ids is not None:
-            self._ids.insert(at, tags.to(self.turn_ids.device).expand(b, h, m))
+        if self.cache.track_turns:
+            self._ids.insert(at, tags.to(self.keys.device).expand(b, h, m))
         self.stats.insert(at, m)
         if recalled:
             self.linked = (at, m) if self.linked is None else ...

@@ -238,13 +238,15 @@ class MultimodalRoPE:
     def open(self, at: int, bases: torch.Tensor, m: int) -> tuple[torch.Tensor, int]:
         """Room for a block of unit bases `bases` ((m + 1,): from 0, then its extent) at index `at`, which must begin
         a unit in every row; returns where the block's first unit sits, (B, rows, 1), and its extent."""
-        bases, extent = bases[:-1].to(self.base.device), int(bases[-1])  # bases: host memory
-        n = self.base.shape[-1]
-        if 0 < at < n and bool((self.base[..., at] == self.base[..., at - 1]).any()):
+        # nothing cached yet (a restored session that opens with no turn): one row, as recall links at batch 1
+        base = self.base if self.base is not None else torch.zeros((1, 1, 0), dtype=torch.long,
+                                                                   device=self.layer.keys.device)
+        bases, extent = bases[:-1].to(base.device), int(bases[-1])  # bases: host memory
+        n = base.shape[-1]
+        if 0 < at < n and bool((base[..., at] == base[..., at - 1]).any()):
             raise ValueError(f"cannot link a span at index {at}: it falls inside a vision block")
-        rows = self.base.shape[:2]
-        to = self.base[..., at:at + 1] if at < n else self.base.new_full((*rows, 1), self.end)
-        self.base = torch.cat([self.base[..., :at], to + bases, self.base[..., at:] + extent], dim=-1)
+        to = base[..., at:at + 1] if at < n else base.new_full((*base.shape[:2], 1), self.end)
+        self.base = torch.cat([base[..., :at], to + bases, base[..., at:] + extent], dim=-1)
         self.end += extent
         return to, extent
 

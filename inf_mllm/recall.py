@@ -145,16 +145,17 @@ def choose(store: SpanStore, resident: set[int], recall: Recall, question_keys=N
 # --- linking and unlinking --------------------------------------------------------------------------
 
 
-def link(cache, store: SpanStore, span_ids: list[int], at: str, recalled: bool = True) -> list[int]:
+def link(cache, store: SpanStore, span_ids: list[int], at: str, recalled: bool = True, device=None) -> list[int]:
     """Insert the spans' KV as one block (in the given order) into every layer; returns those linked. Each span's
     keys are rotated once, from where they were stored to where they now sit. Recalled tokens are tagged to leave
-    at the next turn; others (a restored session) stay as turns."""
+    at the next turn; others (a restored session) stay as turns. `device`: where the cache lives, for a cache that
+    holds nothing yet (default: where its first layer's keys are)."""
     blocks = [(i, store.kv(i)) for i in span_ids]
     blocks = [(i, kv) for i, kv in blocks if kv is not None]  # a corrupt file drops its span
     if not blocks:
         return []
     keys, values, tags, bases, moves, offset = [], [], [], [], [], 0
-    device, layers = cache.layers[0].keys.device, len(cache.layers)
+    device, layers = device or cache.layers[0].keys.device, len(cache.layers)
     for span_id, (k, v) in blocks:  # (layers, H, m, d) each, keys at origin..origin+m-1 → offset..offset+m-1
         span, m = store.spans[span_id], k.shape[2]
         keys.append(k.to(device))  # stored in host memory

@@ -283,7 +283,7 @@ class StreamSession:
                 continue
             if run:
                 self._pending = None  # an answer's held-back token opens the span stored after it
-                restored += recall_.link(self.cache, self.store, run, "end", recalled=False)
+                restored += recall_.link(self.cache, self.store, run, "end", recalled=False, device=self.device)
                 self.seen += sum(spans[i] for i in run)
                 run = []
             if turn is not None:

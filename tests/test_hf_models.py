@@ -380,6 +380,38 @@ def test_a_recalled_qwen_clip_lands_at_positions_that_keep_its_geometry(family, 
     assert layer.keys.shape[2] == n and session.cache.rope_end == end  # gone again, positions as before
 
 
+def test_a_restored_conversation_is_the_one_before_the_restart(adapter, tmp_path):
+    """Resume replays the conversation exactly on every family: clips at their frames' times, questions asked and
+    answered between them, a restart; `restore` with the answers' exchanges rebuilds every layer's K/V (multimodal
+    RoPE and the template's separators included), and the next question's ids and logits are the same."""
+    clips, (q1, q2) = SCRIPT["clips"], SCRIPT["questions"]
+
+    def clip(session, i):
+        order, times, _, _ = clips[i]
+        adapter.add_clip(session, FRAMES[order], times, i + 1)
+
+    before, exchanges = adapter.new_session("full+recall", store=tmp_path / "store"), []
+    for step in (0, q1, 1, q2, q1, 2):
+        if isinstance(step, int):
+            clip(before, step)
+        else:
+            adapter.answer(before, step, max_new_tokens=4)
+            exchanges.append(before.exchange.as_dict())
+    before.store.close()
+    again = adapter.new_session("full+recall", store=tmp_path / "store")
+    again.restore(exchanges)
+    assert again.kv_tokens == before.kv_tokens
+    for old, new in zip(before.cache.layers, again.cache.layers, strict=True):
+        n = old.get_seq_length()
+        assert old.base is None or torch.equal(old.base, new.base)  # multimodal RoPE: every token's unit
+        assert (old.keys[..., :n, :] - new.keys[..., :n, :]).abs().max() < 1e-4
+        assert (old.values[..., :n, :] - new.values[..., :n, :]).abs().max() < 1e-4
+    asked = [adapter.question_turn("what happens next?", s) for s in (before, again)]
+    assert torch.equal(*asked)
+    assert (before.append_question(asked[0]) - again.append_question(asked[1])).abs().max() < 1e-4
+    again.store.close()
+
+
 @pytest.mark.slow  # compiles each family's step (~20 s each on 2 cores)
 def test_compiled_decode_answers_the_eager_tokens_on_each_family(adapter):
     """`stream-qa` compiles decode by default on a GPU, for whatever model it runs: each family's step compiles
