@@ -32,7 +32,7 @@ from models import load_adapter
 from models.tiny_vlm.data import image_paths, load_image
 
 from .arena_scores import BENCHMARKS, GOAL, QUALITY, fractions
-from .common import bar_plot, config_for, median, policy_names, print_table, read, record, write
+from .common import bar_plot, config_for, machine, median, policy_names, print_table, read, record, write
 from .corpus import token_stream
 from .report import arena_section
 from .retrieval import key_words, trial
@@ -253,7 +253,7 @@ def save(out: Path, records, settings, plot=True) -> list[dict]:
     records = [r for r in records if r["metric"] != "of_full"]
     records = records + fractions(records)
     write(out, NAME, records, [])
-    (out / f"{NAME}.settings.json").write_text(json.dumps(settings, indent=1) + "\n")
+    (out / f"{NAME}.settings.json").write_text(json.dumps({"machine": machine()} | settings, indent=1) + "\n")
     if plot and records:
         plot_arena(out / f"{NAME}.png", records, settings)
     return records

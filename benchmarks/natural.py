@@ -51,7 +51,7 @@ from models.tiny_vlm.scenes import _video_path, article, frames_at, video_shape
 from streaming.engine import Answer, Clip, TurnEngine
 from streaming.questions import Question
 
-from .common import print_table, record, rss_mb, write
+from .common import machine, print_table, record, rss_mb, write
 from .real_scenes import PHOTOS, clip_frames, photo
 
 CLIP_S = 4.0
@@ -390,7 +390,8 @@ def run(args):
     recs = summarize(rows) + memory
     out = Path(args.out)
     write(out, "natural", recs, [])
-    (out / "natural_rows.json").write_text(json.dumps({"clips": clips, "order": order, "rows": rows}, indent=1))
+    (out / "natural_rows.json").write_text(json.dumps({"machine": machine(), "clips": clips, "order": order,
+                                                       "rows": rows}, indent=1))
     plot(out / "natural.png", recs)
     print_table(recs, ["accuracy", "questions", "rate", "ttft_s", "kv_mb", "rss_mb"])
 
