@@ -77,7 +77,7 @@ class SpanStore:
         self.on_disk: dict[int, tuple[str, str, int]] = {}  # id -> (file, sha256, bytes)
         self._stack = SummaryStack()
         self._next_id = 0  # above every id the folder ever indexed: ids are never reused
-        self._clip_log: dict[int, dict] = {}  # every clip turn's meta this store took, dropped or not (bytes each)
+        self._clip_log: dict[int, dict] = {}  # every clip turn's meta this store took or reopened, dropped or not
         self.writable, self._lock, self._index = False, None, None
         self._writer = Writer()
         self._pending: set[int] = set()  # spans whose file the writer has yet to write
@@ -92,8 +92,7 @@ class SpanStore:
         if span.id in self.spans:  # stored again: the old one's bytes go
             self._let_go(self.spans[span.id])
         self.spans[span.id] = span
-        if "clip" in span.meta:
-            self._clip_log[span.meta["clip"]] = span.meta
+        self._log_clip(span)
         self._hold(span)
         self._stack.add(span)
         if self.folder is not None and self.writable:
@@ -152,8 +151,11 @@ class SpanStore:
     def clips(self) -> list[dict]:
         """The meta of every clip turn stored, in clip order, those the caps have dropped since too (a question about
         them still resolves to them, as the engine's own log does): the clip log a question is resolved against."""
-        held = {span.meta["clip"]: span.meta for span in self.spans.values() if "clip" in span.meta}
-        return sorted((self._clip_log | held).values(), key=lambda m: m["clip"])
+        return sorted(self._clip_log.values(), key=lambda m: m["clip"])
+
+    def _log_clip(self, span: Span) -> None:
+        if "clip" in span.meta:
+            self._clip_log[span.meta["clip"]] = span.meta
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -332,6 +334,7 @@ class SpanStore:
             span = Span(record["id"], tensors["keys"].shape[2], tensors["summary"], meta,
                         bases=tensors.get("bases"), origin=tensors.get("origin"))
             self.spans[record["id"]] = span
+            self._log_clip(span)
             self._stack.add(span)
         if not index.clean or adopted:
             self._repair_index(index, adopted)
