@@ -22,6 +22,9 @@ SHAPES = {
     "vicuna-7b": LLAMA_2_7B | {"max_position_embeddings": 4096},
     "llama-2-7b-32k": LLAMA_2_7B | {"max_position_embeddings": 32768,
                                     "rope_parameters": {"rope_type": "linear", "factor": 8.0, "rope_theta": 10000.0}},
+    # a 2-layer Llama: a GPU script's dry run on a CPU, before device time is spent on it
+    "llama-tiny": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=4, vocab_size=1000, rms_norm_eps=1e-5, max_position_embeddings=4096),
 }
 
 

@@ -13,8 +13,18 @@ floor ((weights + N x the streams' KV bytes) / the read bandwidth measured here)
 ingest: tiny-vlm, 4 streams of the bundled clip (looped to a minute) played at real time at 1 fps through the turn
 engine on one pool, each asking a plain question every 10 s of video: each stream's ingest speed (x real time),
 clips dropped, answers and their median time to first token.
+
+--shape (a GPU, issue 46 item 2): a randomly initialised 7B model (fp16) on `--device`, N = 1, 2, 4, 8, 16, 32
+streams in a pool whose decode steps run in its slot arena (inf_mllm/slots.py), compiled, the arena sized to N; each
+stream filled past budget 1,024 with random ids, then rounds in which all N ask at once (32 tokens) and answer 32.
+The first round compiles and is left out. Per N: the slot step's median time (the GPU waited for) beside its
+bandwidth floor ((weights + N x the streams' K/V) / the copy bandwidth measured here), aggregate decode tokens/s end
+to end (every thread taking its tokens), its ratio to one stream's, time to first token p50/p95, and GPU memory
+(allocated, after each round: flat, and against weights + N x the per-stream bound).
 """
 
+import gc
+import os
 import statistics
 import threading
 import time
@@ -40,6 +50,8 @@ QUESTIONS = ["What did the last lines say about the garden?", "Who was speaking 
 
 
 def run(args):
+    if args.shape:
+        return run_shape(args)
     counts = [1, 2, 4] if args.quick else [1, 2, 4, 8]
     rounds = 2 if args.quick else 4
     model, tok = load_model()
@@ -70,6 +82,92 @@ def run(args):
         records += ingest(streams=4)
     print_table(records, sorted({r["metric"] for r in records}))
     write(args.out, "streams", records, ["tokens_per_s", "ttft_p95_s"], x_label="streams")
+
+
+def run_shape(args):
+    """The slot step on a 7B shape (the module docstring)."""
+    from . import shapes
+
+    counts = [1, 2, 4] if args.quick else [int(n) for n in os.environ.get("STREAMS", "1,2,4,8,16,32").split(",")]
+    rounds = args.rounds or (2 if args.quick else 3)
+    model = shapes.build(args.shape, args.device)
+    model.generation_config.eos_token_id = None
+    bandwidth, weights = shapes.bandwidth(args.device), shapes.weight_bytes_per_token(model)
+    per_token = shapes.kv_bytes_per_token(model)
+    name, records = f"streams_{args.shape}", []
+    device = torch.cuda.get_device_name() if torch.device(args.device).type == "cuda" else "CPU"
+    print(f"{name}: {device}, copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
+    for n in counts:
+        result = slot_round(model, n, rounds, args.device, os.environ.get("COMPILE_MODE"))
+        floor_ms = (weights + n * result["kv_tokens"] * per_token) / bandwidth * 1e3
+        for metric, value in [("tokens_per_s", result["aggregate"]), ("ttft_s", result["ttft_p50"]),
+                              ("ttft_p95_s", result["ttft_p95"]), ("decode_ms_per_token", result["step_ms"]),
+                              ("floor_ms_per_token", floor_ms), ("decode_vs_floor", result["step_ms"] / floor_ms),
+                              ("round_ms", result["token_ms"]), ("first_answer_s", result["first_s"]),
+                              ("gpu_mb", result["gpu_mb"]), ("bound_mb", result["bound"] / 2**20),
+                              ("rss_slope_mb_per_round", result["gpu_slope_mb"])]:
+            records.append(record("streams", "pool, slot step compiled", BUDGET, metric, round(value, 4), n))
+        # the weights and what the pool added since it opened, against the weights and N streams at their bound
+        records.append(record("streams", "GPU memory vs weights + N x bound", BUDGET, "ratio", round(
+            result["gpu_mb"] * 2**20 / (shapes.weight_bytes(model) + n * result["bound"]), 3), n))
+        write(args.out, name, records, [])  # after each N: a run cut short keeps what it measured
+        print(f"{name}: {n} streams: step {result['step_ms']:.2f} ms = {result['step_ms'] / floor_ms:.2f}x floor, "
+              f"{result['aggregate']:.0f} tokens/s, compile {result['first_s']:.0f} s", flush=True)
+    if 1 in counts:
+        one = _value(records, "pool, slot step compiled", 1, "tokens_per_s")
+        records += [record("streams", "pool tokens/s vs one stream", BUDGET, "ratio",
+                           round(_value(records, "pool, slot step compiled", n, "tokens_per_s") / one, 3), n)
+                    for n in counts]
+    records.append(record("streams", "memory", None, "read_gb_s", round(bandwidth / 1e9, 2), 0))
+    write(args.out, name, records, ["decode_vs_floor", "tokens_per_s"], x_label="streams")
+    print_table(records, sorted({r["metric"] for r in records}))
+
+
+def slot_round(model, n: int, rounds: int, device: str, mode: str | None) -> dict:
+    from . import shapes
+
+    torch.manual_seed(n)
+    gc.collect()
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated() if cuda else 0
+    weights = shapes.weight_bytes(model)
+    pool = SessionPool(model, None, slots=n, compile_decode=True, compile_mode=mode)
+    pool.slot_decode.timings = []
+    streams = []
+    for _ in range(n):
+        session = StreamSession(model, None, "inf_mllm", budget=BUDGET)
+        session.cache.reserve(64 + ANSWER)
+        for _ in range(0, FILL, 200):
+            session.append(torch.randint(3, model.config.vocab_size, (1, 200), device=device))
+        streams.append(pool.admit(session))
+    bound = pool.bound(streams[0].session)
+    ttfts, steps, tokens, memory = [], [], [], []
+    for r in range(rounds + 1):
+        asks = [torch.randint(3, model.config.vocab_size, (1, 32), device=device) for _ in range(n)]
+        pool.slot_decode.timings.clear()
+        t0 = time.perf_counter()
+        firsts, lasts = ask_together(streams, asks, together=True)
+        if r == 0:
+            first_s = time.perf_counter() - t0  # the compile
+            continue
+        shapes.sync(device)
+        memory.append((torch.cuda.memory_allocated() - before + weights) / 2**20 if cuda else 0.0)
+        ttfts += firsts
+        steps += pool.slot_decode.timings
+        tokens.append((max(lasts) - max(firsts)) / (ANSWER - 1) * 1e3)
+    slotted = pool.slot_decode.rows_advanced
+    kv_tokens = statistics.mean(s.kv_tokens for s in streams)
+    pool.close()
+    if not slotted or pool.slot_decode.failed:
+        raise RuntimeError(f"the slot step did not run: {pool.slot_decode.failed}")
+    ttfts.sort()
+    return {"aggregate": n * 1e3 / statistics.median(tokens), "ttft_p50": statistics.median(ttfts),
+            "ttft_p95": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
+            "step_ms": statistics.median(steps) * 1e3, "token_ms": statistics.median(tokens), "first_s": first_s,
+            "gpu_mb": max(memory), "gpu_slope_mb": (memory[-1] - memory[0]) / max(1, len(memory) - 1),
+            "bound": bound, "kv_tokens": kv_tokens}
 
 
 def _value(records, policy, n, metric):

@@ -113,6 +113,14 @@ class KVBuffer:
             self._rows = rows
         return buf.view(b * h * rows, *tail).index_select(0, (first + idx).reshape(-1)).view(b, h, -1, *tail)
 
+    def adopt(self, buf: torch.Tensor) -> None:
+        """Keep the rows in `buf` from now on (a slot of a pool's arena, slots.py, or a copy of one), the cache's
+        rows copied in; its capacity becomes the least any later allocation takes."""
+        if self.buf is not buf:
+            with torch.inference_mode(torch.is_inference(buf)):
+                buf[:, :, :self.n].copy_(self.buf[:, :, :self.n])
+        self.buf, self.least = buf, max(self.least, buf.shape[2])
+
     def front(self, n: int) -> torch.Tensor | None:
         """The buffer's first n rows, to be written (inside `writing()`) and then `set` as the cache (a prefix: no
         copy); None when the layer is dynamic or the buffer too small."""

@@ -26,6 +26,7 @@ from .budget import KVShape
 from .decoding import eos_set, pick
 from .rows import Row, forward_rows
 from .session import StreamSession
+from .slots import SlotArena, SlotDecode
 
 _END = object()  # an answer ended by its stream's next turn
 
@@ -47,6 +48,7 @@ class _Answer:
     token: torch.Tensor | None = None  # the last token handed over, not yet in the cache
     steps: int = 0
     wants: bool = False
+    plain: bool | None = None  # whether its steps run in the slot arena (None: not asked yet)
 
 
 @dataclass
@@ -60,11 +62,15 @@ class _Question:
 class SessionPool:
     """`kv_bytes`: memory the streams' caches may take together (None: no limit); `max_streams`: the most streams;
     `unbounded`: whether a stream with an unbounded cache (policy full, the app's comparison) is admitted beside a
-    memory limit, counted at nothing, its growth its own risk."""
+    memory limit, counted at nothing, its growth its own risk. `slots`: streams whose decode steps run in one step on
+    fixed shapes (slots.py; 0: none, every step an eager batched forward), compiled when `compile_decode` (a GPU;
+    `compile_mode` as `torch.compile`'s, default max-autotune there)."""
 
     def __init__(self, model, tokenizer=None, kv_bytes: int | None = None, max_streams: int = 64,
-                 unbounded: bool = False):
+                 unbounded: bool = False, slots: int = 0, compile_decode: bool = False,
+                 compile_mode: str | None = None):
         self.model, self.tokenizer = model, tokenizer
+        self.slot_decode = SlotDecode(model, SlotArena(slots), compile_decode, compile_mode) if slots else None
         self.kv_bytes, self.max_streams, self.unbounded = kv_bytes, max_streams, unbounded
         self.gather_s = 0.005  # how long work that arrives together waits for the rest of it (`_gather`)
         # each admitted session -> its bound in bytes; held until released, so a stream dropped without `close`
@@ -115,9 +121,13 @@ class SessionPool:
         return self.admit(session)
 
     def release(self, session: StreamSession) -> None:
-        self.call(session, lambda: None)  # its answer ends, on the pool's thread
+        self.call(session, self._unslot, session)  # its answer ends, on the pool's thread
         with self._cond:
             self.streams.pop(session, None)
+
+    def _unslot(self, session: StreamSession) -> None:
+        if self.slot_decode is not None:
+            self.slot_decode.arena.unbind(session.cache)
 
     def close(self) -> None:
         with self._cond:
@@ -256,12 +266,25 @@ class SessionPool:
             q.future.set_result(logits[:, None])
 
     def _step(self, wanting: list[_Answer]) -> None:
-        """One batched decode step for the answers whose last token is not in their cache yet; then every answer
-        that asked gets its next token."""
+        """One batched decode step for the answers whose last token is not in their cache yet (those whose caches
+        sit in the slot arena in one step on fixed shapes, the others in one eager forward); then every answer that
+        asked gets its next token."""
         need = [a for a in wanting if a.logits is None]
+        if need:
+            self.steps, self.rows = self.steps + 1, self.rows + len(need)
+        if need and self.slot_decode is not None:
+            for answer in need:
+                if answer.plain is None:  # what makes a step plain holds for the whole answer: checked once
+                    answer.plain = self.slot_decode.plain(answer.session.cache)
+            slotted = [a for a in need if a.plain]
+            starts = [a.session.clock() for a in slotted]
+            out = self.slot_decode.run([a.session.cache for a in slotted], [a.token for a in slotted]) \
+                if slotted else None
+            if out is not None:
+                for answer, logits, t0 in zip(slotted, out, starts, strict=True):
+                    self._advanced(answer, logits, t0)
+                need = [a for a in need if not a.plain]
         rows = [Row(a.session.cache, a.token[:, None], {"decoding": True}) for a in need]
-        if rows:
-            self.steps, self.rows = self.steps + 1, self.rows + len(rows)
         starts = [a.session.clock() for a in need]
         for answer, t0, logits in zip(need, starts, self._forward(rows), strict=True):
             if isinstance(logits, BaseException):
@@ -270,14 +293,19 @@ class SessionPool:
                     answer.out.append(logits)
                     self._cond.notify_all()
                 continue
-            answer.logits = logits
-            session = answer.session
-            session.seen += 1
-            session.cache.step()
-            session.last.decode_s += session.clock() - t0
+            self._advanced(answer, logits, t0)
         for answer in wanting:
             if answer.logits is not None:
                 self._hand_over(answer)
+
+    @staticmethod
+    def _advanced(answer: _Answer, logits: torch.Tensor, t0: float) -> None:
+        """The answer's last token is in its cache (its step began at `t0`): `logits` give the next."""
+        answer.logits = logits
+        session = answer.session
+        session.seen += 1
+        session.cache.step()
+        session.last.decode_s += session.clock() - t0
 
     def _forward(self, rows: list[Row]) -> list:
         """Each row's last logits (1, V), or the error its forward raised: all rows in one forward, and row by row if

@@ -79,3 +79,46 @@ def test_random_small_llama_compiled_decode_on_cuda_runs_ahead_and_keeps_the_eag
     ahead = StreamSession(model, None, "inf_mllm", budget=256, window=16, compile_decode=True)
     assert ahead.run_ahead and not eager._compiled
     check_run_ahead(eager, ahead, ids)
+
+
+def test_random_small_llama_pool_slot_step_compiled_on_cuda_keeps_each_streams_answers():
+    """Three streams in a pool whose decode steps run compiled in its slot arena (CUDA graphs, slots.py) answer what
+    each answers alone, eagerly; one stream stops reading mid-answer, as a viewer who asks again does. The real SmolLM2
+    weights cannot travel to the GPU machine."""
+    import threading
+
+    from inf_mllm.pool import SessionPool
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = random_small_llama().cuda()
+
+    def script(session, n):
+        g = torch.Generator().manual_seed(n)
+        for _ in range(4):
+            session.append(torch.randint(0, 1000, (1, 70 + 9 * n), generator=g).cuda())
+        answers = []
+        for q in range(3):
+            session.append_question(torch.randint(0, 1000, (1, 8 + n), generator=g).cuda())
+            tokens = []
+            for t in session.generate(10, eos_token_id=[]):
+                tokens.append(int(t[0]))
+                if n == 1 and q == 1 and len(tokens) == 4:
+                    break
+            answers.append(tokens)
+        return answers
+
+    alone = [script(StreamSession(model, None, "inf_mllm", budget=256, window=16), n) for n in range(3)]
+    pool = SessionPool(model, None, slots=3, compile_decode=True)
+    pooled = [None] * 3
+
+    def run(n):
+        pooled[n] = script(pool.open("inf_mllm", budget=256, headroom=128, window=16), n)
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    pool.close()
+    assert pool.slot_decode.failed is None and pool.slot_decode.rows_advanced > pool.slot_decode.steps > 0
+    assert pooled == alone

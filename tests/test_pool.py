@@ -55,20 +55,23 @@ def in_threads(fns):
     return results
 
 
-@pytest.mark.parametrize("policy, per_stream", [
-    ("inf_mllm", 2), ("h2o", 1),  # h2o: an observer scores every decode step, per row
-    pytest.param("inf_mllm", 13, marks=pytest.mark.slow),  # 52 questions over 4 streams: ~3 min on 2 cores
+@pytest.mark.parametrize("policy, per_stream, slots", [
+    ("inf_mllm", 2, 0), ("h2o", 1, 0),  # h2o: an observer scores every decode step, per row
+    ("inf_mllm", 2, 4),  # the steps on fixed shapes (slots.py), run as is: the same step a GPU compiles
+    pytest.param("inf_mllm", 13, 0, marks=pytest.mark.slow),  # 52 questions over 4 streams: ~3 min on 2 cores
 ])
-def test_each_stream_answers_in_the_pool_what_it_answers_alone(smol, policy, per_stream):
+def test_each_stream_answers_in_the_pool_what_it_answers_alone(smol, policy, per_stream, slots):
     model, tok = smol
     alone = [conversation(StreamSession(model, tok, policy, budget=256), tok, n, per_stream) for n in range(4)]
-    pool = SessionPool(model, tok)
+    pool = SessionPool(model, tok, slots=slots)
     try:
-        pooled = in_threads([lambda n=n: conversation(pool.open(policy, budget=256), tok, n, per_stream)
-                             for n in range(4)])
+        pooled = in_threads([lambda n=n: conversation(pool.open(policy, budget=256, headroom=160), tok, n,
+                                                      per_stream) for n in range(4)])
     finally:
         pool.close()
     assert pool.rows > pool.steps > 0  # decode steps did carry several streams
+    if slots:  # and they ran in the arena, several streams a step
+        assert pool.slot_decode.rows_advanced > pool.slot_decode.steps > 0
     for (answers, logits), (answers_pooled, logits_pooled) in zip(alone, pooled, strict=True):
         assert answers_pooled == answers
         assert max(float((a - b).abs().max()) for a, b in zip(logits, logits_pooled, strict=True)) < 1e-4
