@@ -159,6 +159,8 @@ def slot_round(model, n: int, rounds: int, device: str, mode: str | None) -> dic
         tokens.append((max(lasts) - max(firsts)) / (ANSWER - 1) * 1e3)
     slotted = pool.slot_decode.rows_advanced
     kv_tokens = statistics.mean(s.kv_tokens for s in streams)
+    if os.environ.get("PROFILE"):
+        profile_step(pool.slot_decode, device)
     pool.close()
     if not slotted or pool.slot_decode.failed:
         raise RuntimeError(f"the slot step did not run: {pool.slot_decode.failed}")
@@ -168,6 +170,31 @@ def slot_round(model, n: int, rounds: int, device: str, mode: str | None) -> dic
             "step_ms": statistics.median(steps) * 1e3, "token_ms": statistics.median(tokens), "first_s": first_s,
             "gpu_mb": max(memory), "gpu_slope_mb": (memory[-1] - memory[0]) / max(1, len(memory) - 1),
             "bound": bound, "kv_tokens": kv_tokens}
+
+
+def profile_step(step, device) -> None:
+    """Where a slot step's time goes (PROFILE=1, a GPU): 20 replays back to back (no host work between them), then
+    the device's kernels over 5 replays by time. The caches' rows past their ends are written and dropped."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from . import shapes
+
+    def replays(k):
+        for _ in range(k):
+            step._forward(step.tokens)
+
+    with torch.inference_mode():
+        replays(3)
+        shapes.sync(device)
+        t0 = time.perf_counter()
+        replays(20)
+        shapes.sync(device)
+        print(f"profile: {(time.perf_counter() - t0) / 20 * 1e3:.2f} ms a replay, back to back", flush=True)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            replays(5)
+            shapes.sync(device)
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60),
+          flush=True)
 
 
 def _value(records, policy, n, metric):
