@@ -49,6 +49,7 @@ class _Answer:
     steps: int = 0
     wants: bool = False
     plain: bool | None = None  # whether its steps run in the slot arena (None: not asked yet)
+    ready: threading.Condition | None = None  # its reader waits here for `out` (on the pool's lock)
 
 
 @dataclass
@@ -79,7 +80,10 @@ class SessionPool:
         self.steps = 0  # batched decode steps run, and the rows they carried
         self.rows = 0
         self._shape = KVShape.from_config(model.config, model.dtype.itemsize)
-        self._cond = threading.Condition()
+        # the pool's thread waits on `_cond` for work; each answer's reader on its own condition of the same lock, so
+        # a token handed to one stream wakes that stream's reader alone
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
         self._jobs: collections.deque = collections.deque()
         self._questions: list[_Question] = []
         self._answers: list[_Answer] = []
@@ -97,8 +101,12 @@ class SessionPool:
         return sum(b + cache.headroom for b in cache.budgets) * self._shape.bytes_per_token_layer
 
     def admit(self, session: StreamSession) -> "PooledSession":
-        """Take a session (its headroom reserved first) or refuse it with one line, before it holds anything."""
+        """Take a session (its headroom reserved first) or refuse it with one line, before it holds anything. With a
+        slot arena a stream is counted twice: its slot, and its own buffers, which it holds until its first answer
+        moves it into the slot."""
         need = self.bound(session)
+        if need is not None and self.slot_decode is not None:
+            need *= 2
         with self._cond:
             if len(self.streams) >= self.max_streams:
                 raise PoolFull(f"stream refused: the pool serves {self.max_streams} streams at most")
@@ -161,7 +169,8 @@ class SessionPool:
             eos = eos_set(eos_token_id if eos_token_id is not None else self.model.generation_config.eos_token_id)
             sampling = (do_sample, temperature, top_p, generator)
             answer = _Answer(session, max_new_tokens, torch.tensor(sorted(eos), dtype=torch.long), min(eos, default=0),
-                             sampling, session._logits, torch.zeros(1, dtype=torch.bool))
+                             sampling, session._logits, torch.zeros(1, dtype=torch.bool),
+                             ready=threading.Condition(self._lock))
             session._logits = None
             session.last.decode_s, session.last.decoded = 0.0, 0
             self._answers.append(answer)
@@ -174,9 +183,9 @@ class SessionPool:
                     if answer not in self._answers:
                         return  # ended by the stream's next turn
                     answer.wants = True
-                    self._cond.notify_all()
+                    self._cond.notify()  # the pool's thread
                     while not answer.out:
-                        self._cond.wait()
+                        answer.ready.wait()
                     item = answer.out.popleft()
                 if item is _END:
                     return
@@ -290,13 +299,10 @@ class SessionPool:
             if isinstance(logits, BaseException):
                 with self._cond:
                     self._leave(answer)
-                    answer.out.append(logits)
-                    self._cond.notify_all()
+                    self._give(answer, logits)
                 continue
             self._advanced(answer, logits, t0)
-        for answer in wanting:
-            if answer.logits is not None:
-                self._hand_over(answer)
+        self._hand_over([a for a in wanting if a.logits is not None])
 
     @staticmethod
     def _advanced(answer: _Answer, logits: torch.Tensor, t0: float) -> None:
@@ -326,22 +332,36 @@ class SessionPool:
                 results.append(err)
         return results
 
-    def _hand_over(self, answer: _Answer) -> None:
-        do_sample, temperature, top_p, generator = answer.sampling
-        token = pick(answer.logits, do_sample, temperature, top_p, generator).cpu()
-        token = torch.where(answer.done, token.new_full(token.shape, answer.filler), token)
-        answer.done |= torch.isin(token, answer.eos)
-        answer.steps += 1
-        answer.logits, answer.token = None, token
-        answer.session.last.decoded = answer.steps
-        if answer.session.exchange is not None:
-            answer.session.exchange.answer.append(int(token[0]))
-        finished = bool(answer.done.all()) or answer.steps >= answer.max_new_tokens
+    def _hand_over(self, answers: list[_Answer]) -> None:
+        """Each answer's next token from its logits (the greedy ones picked together: one copy to the host), handed
+        to its reader."""
+        greedy = [a for a in answers if not a.sampling[0] and a.logits.shape[0] == 1]
+        picked = torch.cat([a.logits for a in greedy]).argmax(dim=-1).cpu() if greedy else None
+        tokens = {id(a): picked[i:i + 1] for i, a in enumerate(greedy)}
+        handed = []
+        for answer in answers:
+            token = tokens.get(id(answer))
+            if token is None:
+                do_sample, temperature, top_p, generator = answer.sampling
+                token = pick(answer.logits, do_sample, temperature, top_p, generator).cpu()
+            token = torch.where(answer.done, token.new_full(token.shape, answer.filler), token)
+            answer.done |= torch.isin(token, answer.eos)
+            answer.steps += 1
+            answer.logits, answer.token = None, token
+            answer.session.last.decoded = answer.steps
+            if answer.session.exchange is not None:
+                answer.session.exchange.answer.append(int(token[0]))
+            handed.append((answer, token, bool(answer.done.all()) or answer.steps >= answer.max_new_tokens))
         with self._cond:
-            if finished:
-                self._leave(answer)
-            answer.out.append((token, finished))
-            self._cond.notify_all()
+            for answer, token, finished in handed:
+                if finished:
+                    self._leave(answer)
+                self._give(answer, (token, finished))
+
+    def _give(self, answer: _Answer, item) -> None:
+        """`item` (a token, `_END` or an error) for the answer's reader (under the lock), which alone is woken."""
+        answer.out.append(item)
+        answer.ready.notify()
 
     def _leave(self, answer: _Answer) -> None:
         """The answer ends (under the lock): its last token is held back for the stream's next turn."""
@@ -354,8 +374,7 @@ class SessionPool:
         with self._cond:
             for answer in [a for a in self._answers if a.session is session]:
                 self._leave(answer)
-                answer.out.append(_END)
-            self._cond.notify_all()
+                self._give(answer, _END)
 
     def _fail_all(self, err: BaseException) -> None:
         for q in self._questions:
@@ -364,8 +383,7 @@ class SessionPool:
             future.set_exception(err)
         for answer in list(self._answers):
             self._leave(answer)
-            answer.out.append(err)
-        self._cond.notify_all()
+            self._give(answer, err)
 
 
 class PooledSession:

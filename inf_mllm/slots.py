@@ -36,6 +36,7 @@ class SlotArena:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.holders: list = [None] * slots  # the cache in each slot (None: free)
+        self._slot_of: dict[int, int] = {}  # id(cache) -> its slot
         self._views: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per slot, per layer: (keys, values)
 
     @property
@@ -48,11 +49,13 @@ class SlotArena:
 
     def slot(self, cache) -> int | None:
         """The slot holding `cache`'s K/V now (None: none; a cache whose buffers grew out of its slot has left it)."""
-        for s, holder in enumerate(self.holders):
-            if holder is cache:
-                if self.holds(s):
-                    return s
-                self.holders[s] = None  # its buffers left: the slot is free again
+        s = self._slot_of.get(id(cache))
+        if s is None or self.holders[s] is not cache:
+            return None
+        if self.holds(s):
+            return s
+        self.holders[s] = None  # its buffers left: the slot is free again
+        del self._slot_of[id(cache)]
         return None
 
     def holds(self, s: int) -> bool:
@@ -79,7 +82,9 @@ class SlotArena:
         for layer, (k, v) in zip(cache.layers, self._views[s], strict=True):
             layer._k.adopt(k)
             layer._v.adopt(v)
-        self.holders[s] = cache
+        if self.holders[s] is not None:
+            self._slot_of.pop(id(self.holders[s]), None)
+        self.holders[s], self._slot_of[id(cache)] = cache, s
         return s
 
     def unbind(self, cache) -> None:
@@ -91,6 +96,7 @@ class SlotArena:
             layer._k.adopt(layer._k.buf.clone())
             layer._v.adopt(layer._v.buf.clone())
         self.holders[s] = None
+        del self._slot_of[id(cache)]
 
     def _allocate(self, buffers) -> None:
         for k, v in buffers:
@@ -216,7 +222,8 @@ class SlotDecode:
             warnings.warn(f"the pool's slot decode step failed ({self.failed[:200]}); decoding eagerly from now on",
                           stacklevel=2)
             return None
-        out = [logits[s:s + 1].clone() for s in slots]  # a CUDA graph's output is overwritten at its next replay
+        taken = logits[slots]  # a copy: a CUDA graph's output is overwritten at its next replay
+        out = [taken[i:i + 1] for i in range(len(slots))]
         if self.timings is not None:
             _sync(self.rows.device)
             self.timings.append(time.perf_counter() - t0)

@@ -6,10 +6,20 @@ shrinks a cache below it after an out-of-memory error either), and with a turn a
 (`headroom`, what the engine reserves in the buffers) it stays inside the positions the model was trained on.
 """
 
+import importlib.util
+
 from .checks import check_context
 from .errors import ConfigError
 from .memory import MB, AutoBudget, MemorySample, auto_budget, budget_tokens
 from .questions import SAMPLE_QUESTION
+
+
+def compiles_decode(device: str, asked: bool | None = None) -> bool:
+    """Whether decode steps run compiled: as asked, else wherever it is faster (a GPU; benchmarks compiled_decode).
+    Inductor's GPU kernels are Triton's: a CUDA build without it (some Jetson wheels) decodes eagerly."""
+    if asked is not None:
+        return asked
+    return str(device).split(":")[0] == "cuda" and importlib.util.find_spec("triton") is not None
 
 
 def turn_and_question(adapter) -> int:

@@ -6,7 +6,6 @@ flushing every answer already given.
 """
 
 import argparse
-import importlib.util
 import json
 import sys
 import warnings
@@ -14,7 +13,7 @@ import warnings
 import models  # the model list only: no torch
 from inf_mllm.spec import PolicySpec, Recall
 
-from .budgets import open_session
+from .budgets import compiles_decode, open_session
 from .checks import (
     check_args,
     check_device,
@@ -158,17 +157,9 @@ def policy_spec(args, folder=None) -> PolicySpec:
     return spec
 
 
-def compiles_decode(args) -> bool:
-    """Whether decode runs compiled: as asked, else wherever it is faster (a GPU; benchmarks compiled_decode)."""
-    if args.compile_decode is not None:
-        return args.compile_decode
-    # inductor's GPU kernels are Triton's: a CUDA build without it (some Jetson wheels) decodes eagerly
-    return args.device.split(":")[0] == "cuda" and importlib.util.find_spec("triton") is not None
-
-
 def load_session(args, spec: PolicySpec, adapter, folder=None):
     extra = {"store": folder.open_store()} if folder is not None else {}
-    if compiles_decode(args):
+    if compiles_decode(args.device, args.compile_decode):
         extra["compile_decode"] = True
         print("stream-qa: decode steps run compiled on fixed shapes where the cache allows; the first answer "
               "waits for the compile (--no-compile-decode: eager)", file=sys.stderr)

@@ -12,7 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
-from .budgets import headroom
+from .budgets import compiles_decode, headroom
 from .errors import EXIT_BAD_INPUT, ConfigError, UsageError, is_user_error
 from .memory import MB, auto_budget
 from .provenance import notes
@@ -54,7 +54,9 @@ def run_streams(args, sources, questions, spec, adapter, out) -> int:
     from .engine import TurnEngine
     from .questions import Schedule
     free = auto_budget(None, args.device)
-    pool = SessionPool(adapter.model, adapter.tokenizer, kv_bytes=max(0, free.free_bytes - free.reserve_bytes))
+    compiled = compiles_decode(args.device, args.compile_decode)  # on a GPU: the streams' steps as one CUDA graph
+    pool = SessionPool(adapter.model, adapter.tokenizer, kv_bytes=max(0, free.free_bytes - free.reserve_bytes),
+                       slots=len(sources) if compiled else 0, compile_decode=compiled)
     lock = threading.Lock()
     engines, failed = [], []
     try:

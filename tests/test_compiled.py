@@ -117,13 +117,14 @@ def test_stream_qa_compiles_decode_by_default_where_it_is_faster_a_gpu(options, 
     without Triton has no GPU compiler."""
     import importlib.util
 
-    from streaming.cli import build_parser, compiles_decode
+    from streaming.budgets import compiles_decode
+    from streaming.cli import build_parser
     from streaming.sources import bundled_clip
 
     args = build_parser().parse_args([str(bundled_clip()), *options])
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: find_spec(name) if triton else None)
-    assert compiles_decode(args) is compiled
+    assert compiles_decode(args.device, args.compile_decode) is compiled
 
 
 def test_a_compile_that_fails_warns_once_and_decodes_eagerly(smol):

@@ -188,3 +188,11 @@ def test_a_stream_that_would_not_fit_is_refused_in_one_line(smol):
     finally:
         pool.close()
     assert bound == sum(128 + 32 for _ in range(30)) * 2 * 3 * 64 * 4  # 30 layers, 3 KV heads of 64, fp32, K and V
+    # with a slot arena a stream counts twice (its slot, and its own buffers until its first answer moves it in)
+    slotted = SessionPool(model, tok, kv_bytes=int(bound * 2.5), slots=2)
+    try:
+        slotted.open("inf_mllm", budget=128, headroom=32)
+        with pytest.raises(PoolFull, match="needs up to"):
+            slotted.open("inf_mllm", budget=128, headroom=32)
+    finally:
+        slotted.close()
