@@ -120,20 +120,20 @@ class SlotView(CacheLayerMixin):
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor):
         super().__init__()
         self.keys, self.values, self.rows = keys, values, rows
-        slots, heads, capacity, _ = keys.shape
-        # each (slot, head)'s first row in the arena seen as (slots·heads·capacity, D)
-        self.first = (torch.arange(slots * heads, device=keys.device) * capacity).view(slots, heads)
+        slots, heads = keys.shape[:2]
+        self.slot_index = torch.arange(slots, device=keys.device)[:, None]  # (slots, 1) and (1, heads): with
+        self.head_index = torch.arange(heads, device=keys.device)[None, :]  # rows (slots, 1), one row per slot·head
         self.is_initialized = True
 
     def lazy_initialization(self, key_states, value_states) -> None:
         raise RuntimeError("a SlotView is bound to the arena before the step")
 
     def update(self, key_states, value_states, *args, **kwargs):
-        slots, heads, capacity, dim = self.keys.shape
-        at = (self.first + self.rows[:, None]).reshape(-1)
-        # one index_copy_ on the arena's rows: written in place by the compiled step, as the lone step's
-        self.keys.view(-1, dim).index_copy_(0, at, key_states.reshape(slots * heads, dim))
-        self.values.view(-1, dim).index_copy_(0, at, value_states.reshape(slots * heads, dim))
+        # an indexed write on the arena tensor itself, not on a view of it: the H100 run of a write through a
+        # flattened view (fc71867) moved about a whole slot per layer per step, as if the arena were copied
+        at = (self.slot_index, self.head_index, self.rows[:, None])
+        self.keys.index_put_(at, key_states[:, :, 0])
+        self.values.index_put_(at, value_states[:, :, 0])
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
