@@ -48,7 +48,7 @@ from .session_dir import SessionDir
 from .soak import run_soak_cli, soak_plan, soak_schedule
 from .sources import bundled_clip, open_source
 from .stdin import StdinQuestions
-from .streams import check_several, open_sources, run_streams, sources_of
+from .streams import SOURCE_KEYS, check_several, open_folders, open_sources, run_streams, sources_of, stream_folders
 
 DEFAULT_QUESTIONS = ("what is on screen? @4s", "is there a bicycle now? @8s", "what was on screen at the start? @10s",
                      "did you see a person? @10s", "when did the bicycle appear? @10s")
@@ -215,7 +215,7 @@ def _main(args, argv) -> int:
 def _run(args, out) -> int:
     # everything the user gave is checked before torch and transformers load (13-55 s)
     sources = sources_of(args)
-    if len(sources) > 1:
+    if len(sources) > 1 or (args.resume and not sources and stream_folders(args.resume)):
         return _run_several(args, sources, out)
     args.video, args.webcam, args.url = (args.video or [None])[0], (args.webcam or [None])[0], (args.url or [None])[0]
     folder = open_session_dir(args)
@@ -327,22 +327,33 @@ def check_remote(args, folder, soak) -> None:
 
 def _run_several(args, sources, out) -> int:
     check_several(args, len(sources))
-    check_args(args)
-    name, *path = args.model
-    opened = open_sources(args, sources)
-    lengths = [source.duration for _, source in opened]
-    qs, _ = questions_from(args, None if None in lengths else min(lengths) * args.loop)
-    if not qs:
-        raise QuestionError("several sources read no questions from stdin: give --ask, --questions or --every")
-    spec = policy_spec(args)
-    from models import ADAPTERS, load_adapter
+    parser = build_parser()
+    sources, folders = open_folders(args, sources, {k: parser.get_default(k) for k in SESSION_SETTINGS})
+    try:
+        check_args(args)
+        name, *path = args.model
+        opened = open_sources(args, sources)
+        lengths = [source.duration for _, source in opened]
+        qs, _ = questions_from(args, None if None in lengths else min(lengths) * args.loop)
+        if not qs:
+            raise QuestionError("several sources read no questions from stdin: give --ask, --questions or --every")
+        spec = policy_spec(args, folders[0])
+        args.policy = spec.name  # what the session folders record (+recall included)
+        common = {k: getattr(args, k) for k in SESSION_SETTINGS}
+        settings = [common | dict.fromkeys(SOURCE_KEYS) | where for _, where in sources]
+        from models import ADAPTERS, load_adapter
 
-    if name not in ADAPTERS:
-        raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
-    check_device(args.device)
-    print(f"stream-qa: {len(sources)} sources; loading {name}…", file=sys.stderr)
-    adapter = load_adapter(name, path[0] if path else None, device=args.device)
-    return run_streams(args, opened, qs, spec, adapter, out)
+        if name not in ADAPTERS:
+            raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
+        check_device(args.device)
+        print(f"stream-qa: {len(sources)} sources; loading {name}…", file=sys.stderr)
+        adapter = load_adapter(name, path[0] if path else None, device=args.device)
+    except BaseException:
+        for folder in folders:
+            if folder is not None:
+                folder.close()
+        raise
+    return run_streams(args, opened, qs, spec, adapter, out, folders, settings)
 
 
 if __name__ == "__main__":

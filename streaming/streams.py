@@ -5,9 +5,14 @@ ingest thread, the same questions. The pool (inf_mllm/pool.py) runs every stream
 batches the answers that are decoding together. Every line says which stream it is about: answers on stdout
 (`[stream 2 b.mp4] …`, or JSON with "stream" and "input"), clips and telemetry on stderr. A stream whose source
 fails ends with one line, and the others go on; the run's exit status says that one did.
+
+`--session DIR` keeps each stream in a session folder of its own, DIR/stream-N (settings with its source, span
+store, transcript, lock: `session_dir.py`), so a crash loses no answer printed and no clip stored of any stream;
+`--resume DIR` continues every stream from its folder, each from its own source.
 """
 
 import json
+import re
 import sys
 import threading
 from pathlib import Path
@@ -16,6 +21,9 @@ from .budgets import compiles_decode, headroom
 from .errors import EXIT_BAD_INPUT, ConfigError, UsageError, is_user_error
 from .memory import MB, auto_budget
 from .provenance import notes
+from .session_dir import SETTINGS, SessionDir
+
+SOURCE_KEYS = ("video", "webcam", "url")
 
 
 def sources_of(args) -> list[tuple[str, dict]]:
@@ -26,10 +34,51 @@ def sources_of(args) -> list[tuple[str, dict]]:
     return out
 
 
+def stream_folders(root) -> list[Path]:
+    """The folders of a several-stream session (DIR/stream-1, stream-2, …) in stream order; [] for anything else."""
+    root = Path(root)
+    if not root.is_dir() or (root / SETTINGS).exists():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and re.fullmatch(r"stream-\d+", p.name)]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def open_folders(args, sources, defaults: dict) -> tuple[list, list]:
+    """--session DIR / --resume DIR with several streams: (sources, one SessionDir per stream, or Nones). Resumed, the
+    sources are the folders' own and `args` takes the first folder's other settings (one command started them all);
+    `defaults` are the parser's, to tell the options given from those left out."""
+    if args.session and args.resume:
+        raise UsageError("--session starts a session and --resume continues one: give one of them")
+    if not (args.session or args.resume):
+        return sources, [None] * len(sources)
+    folders = []
+    try:
+        if args.session:
+            for i in range(1, len(sources) + 1):
+                folders.append(SessionDir(Path(args.session) / f"stream-{i}", resume=False))
+            return sources, folders
+        for path in stream_folders(args.resume):
+            folders.append(SessionDir(path, resume=True))
+        args.video = args.webcam = args.url = None
+        folders[0].resume_args(args, defaults | dict.fromkeys(SOURCE_KEYS))
+        sources = []
+        for folder in folders:
+            where = {k: v for k, v in folder.settings().items() if k in SOURCE_KEYS and v is not None}
+            if not where:
+                raise ConfigError(f"--resume {folder.path}: {SETTINGS} names no source")
+            label = Path(where["video"]).name if "video" in where else \
+                f"webcam {where['webcam']}" if "webcam" in where else where["url"]
+            sources.append((label, where))
+        return sources, folders
+    except BaseException:
+        for folder in folders:
+            folder.close()
+        raise
+
+
 def check_several(args, count: int) -> None:
     """What one run of several streams cannot do, said before anything loads."""
-    for flag, given in (("--session", args.session), ("--resume", args.resume), ("--soak", args.soak),
-                        ("--server", args.server)):
+    for flag, given in (("--soak", args.soak), ("--server", args.server)):
         if given:
             raise UsageError(f"{flag} takes one source; {count} were given")
     if str(args.budget).strip().lower() == "auto":
@@ -45,9 +94,10 @@ def open_sources(args, sources) -> list:
             for label, where in sources]
 
 
-def run_streams(args, sources, questions, spec, adapter, out) -> int:
-    """Every (label, source) through its own engine on one pool; returns the exit status (0, or EXIT_BAD_INPUT when
-    a stream ended on an error)."""
+def run_streams(args, sources, questions, spec, adapter, out, folders=None, settings=None) -> int:
+    """Every (label, source) through its own engine on one pool, each with its session folder if `folders` (resumed,
+    or new: `settings[i]` saved in stream i's); returns the exit status (0, or EXIT_BAD_INPUT when a stream ended on
+    an error)."""
     from inf_mllm.pool import PoolFull, SessionPool
 
     from .budgets import open_session
@@ -59,10 +109,13 @@ def run_streams(args, sources, questions, spec, adapter, out) -> int:
                        slots=len(sources) if compiled else 0, compile_decode=compiled)
     lock = threading.Lock()
     engines, failed = [], []
+    folders = folders or [None] * len(sources)
     try:
-        for i, (label, source) in enumerate(sources, start=1):
+        for i, ((label, source), folder) in enumerate(zip(sources, folders, strict=True), start=1):
             own = adapter.fork()
-            session, _ = pool.call(None, open_session, own, spec, args.budget, args.max_new_tokens, args.device)
+            extra = {"store": folder.open_store()} if folder is not None else {}
+            session, _ = pool.call(None, open_session, own, spec, args.budget, args.max_new_tokens, args.device,
+                                   **extra)
             session.cache.reserve(headroom(own, args.max_new_tokens))
             try:
                 pooled = pool.admit(session)
@@ -70,11 +123,22 @@ def run_streams(args, sources, questions, spec, adapter, out) -> int:
                 raise ConfigError(f"stream {i} ({label}): {err} ({free.explain()})") from None
             engine = TurnEngine(own, pooled, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
                                 drop_when_full=source.live)
-            engines.append((i, label, engine, pooled, source, Schedule(list(questions))))
+            asked = list(questions)
+            if folder is not None and args.resume:
+                engine.resume_at = folder.resume_point(session.store)
+                engine.video_t = engine.resume_at[1]
+                restored = pooled.restore(folder.exchanges())
+                asked = folder.pending(asked, engine.resume_at[1])
+                print(f"stream-qa: stream {i} ({label}): resuming after clip {engine.resume_at[0]} "
+                      f"({engine.resume_at[1]:.1f} s of video): {len(session.store)} clips stored, the last "
+                      f"{len(restored)} back in the cache, {len(folder.answered())} answers so far", file=sys.stderr)
+            elif folder is not None:
+                folder.save_settings(settings[i - 1])
+            engines.append((i, label, engine, pooled, source, Schedule(asked), folder))
         print(f"stream-qa: {len(engines)} streams on one {type(adapter).__name__} (budget {args.budget} tokens a "
               f"layer each; {pool.kv_bytes / MB:.0f} MB for their caches)", file=sys.stderr)
 
-        def play(i, label, engine, session, source, schedule):
+        def play(i, label, engine, session, source, schedule, folder):
             tag = f"[stream {i} {label}]"
 
             def on_clip(clip):
@@ -87,6 +151,8 @@ def run_streams(args, sources, questions, spec, adapter, out) -> int:
             try:
                 for answer in engine.run(source, schedule, on_clip):
                     with lock:
+                        if folder is not None:  # kept before it is printed: a crash loses nothing printed
+                            folder.write_answer(answer)
                         if args.json:
                             out.write(json.dumps({"stream": i, "input": label} | answer.as_dict()) + "\n")
                         else:
@@ -117,4 +183,7 @@ def run_streams(args, sources, questions, spec, adapter, out) -> int:
             raise
     finally:
         pool.close()
+        for folder in folders:
+            if folder is not None:
+                folder.close(folder.store)
     return EXIT_BAD_INPUT if failed else 0

@@ -61,10 +61,11 @@ class Faults:
             os.write(fd, data[: len(data) // 2])
         raise Crash(f"crash at write {n}: {op} {path}")
 
-    def completed_spans(self) -> set[int]:
-        """Span ids whose file was completely in place (renamed) before the fault."""
+    def completed_spans(self, under: str | None = None) -> set[int]:
+        """Span ids whose file was completely in place (renamed) before the fault (in a folder named `under`)."""
         done = self.calls[: self.at] if self.at is not None else self.calls
-        return {int(m.group(1)) for op, path in done if op == "rename" and (m := SPAN.search(path))}
+        return {int(m.group(1)) for op, path in done if op == "rename" and (m := SPAN.search(path))
+                and (under is None or under in Path(path).parts)}
 
 
 ENCODED: dict = {}  # (frames, times) -> the clip as tiny-vlm encodes it: the same clips in every faulty run
@@ -235,3 +236,53 @@ def test_every_write_of_a_longer_session_crashes_and_fills_the_disk(tmp_path, ca
                                                                       descriptors):
     """5 clips and 2 answers: a crash and a full disk at every write point."""
     inject(tmp_path, LONG, capsys, monkeypatch, descriptors, ("crash", "enospc"))
+
+
+@pytest.mark.slow
+def test_a_crash_of_a_run_of_two_streams_loses_no_answer_and_no_stored_clip(tmp_path, capsys, monkeypatch,
+                                                                             shared_model, descriptors):
+    """`stream-qa a.mp4 b.mp4 --session DIR` (each stream in DIR/stream-N) crashed at the first write of each kind of
+    file, and at every write of the run's middle third; then `--resume DIR`. Both streams write at once, so a point
+    is a count of writes, whichever stream makes it; the process dies there for both. Checked for each stream: every
+    answer printed is in its transcript, every clip file completed is in its store, and the resumed run answers. A
+    crash before every stream's settings were saved leaves nothing answered (checked) and nothing to resume."""
+    videos = [str(bundled_clip("bikes.mp4")), str(bundled_clip("carphone_pristine.mp4"))]
+
+    def two(folder, faults=None):
+        return run([*videos, "--session", str(folder), *SHORT], capsys, faults, monkeypatch)
+
+    clean = Faults()
+    code, printed, err = two(tmp_path / "clean", clean)
+    descriptors()
+    assert code == 0 and sorted(r["stream"] for r in printed) == [1, 2], err[-800:]
+    third = len(clean.calls) // 3
+    points = sorted(set(first_write_of_each_file(clean.calls)) | set(range(third, 2 * third)))
+    resumed = 0
+    for at in points:
+        folder, faults = tmp_path / f"crash-{at}", Faults(at)
+        code, printed, err = two(folder, faults)
+        descriptors()
+        where = f"crash at write {at} ({faults.calls[at] if at < len(faults.calls) else 'none'})"
+        assert code in ("crash", 0), (where, code, err[-800:])  # a stream's thread dies; the run may still end
+        streams = [folder / "stream-1", folder / "stream-2"]
+        for n, stream in enumerate(streams, start=1):
+            said = [{k: v for k, v in r.items() if k not in ("stream", "input")} for r in printed if r["stream"] == n]
+            kept = transcript(stream)
+            assert kept[: len(said)] == said, (where, n, said, kept)
+            spans = stored_spans(stream) if (stream / "store").exists() else set()
+            assert faults.completed_spans(under=stream.name) <= spans, (where, n, spans)
+        if not all((s / "session.json").exists() for s in streams):
+            assert not printed, where  # nothing was answered before every stream had its settings
+            continue
+        code2, printed2, err2 = run(["--resume", str(folder), "--json", "--max-new-tokens", "2", "--ask",
+                                     "what is in the video?"], capsys)
+        descriptors()
+        assert code2 == 0 and sorted(r["stream"] for r in printed2) == [1, 2], (where, err2[-800:])
+        for n, stream in enumerate(streams, start=1):
+            said = [{k: v for k, v in r.items() if k not in ("stream", "input")} for r in printed if r["stream"] == n]
+            assert transcript(stream)[: len(said)] == said, (where, n)
+        resumed += 1
+    assert resumed >= len(points) // 2
+    with capsys.disabled():
+        print(f"\ntwo streams' session fault injection: {len(points)} of {len(clean.calls)} write points crashed, "
+              f"{resumed} resumed; 0 answers and 0 completed clips lost")
