@@ -57,6 +57,9 @@ def open_folders(args, sources, defaults: dict) -> tuple[list, list]:
             for i in range(1, len(sources) + 1):
                 folders.append(SessionDir(Path(args.session) / f"stream-{i}", resume=False))
             return sources, folders
+        if sources:
+            raise UsageError(f"--resume {args.resume} continues its streams from the sources they started with: "
+                             "give no video, webcam or URL")
         for path in stream_folders(args.resume):
             folders.append(SessionDir(path, resume=True))
         args.video = args.webcam = args.url = None

@@ -259,6 +259,7 @@ def test_several_sources_refuse_what_takes_one_in_one_line(tmp_path):
     bikes = str(bundled_clip("bikes.mp4"))
     for extra, words in ((["--soak", "5"], "--soak takes one source; 2 were given"),
                          (["--budget", "auto"], "--budget auto sizes one stream"),
+                         (["--resume", str(tmp_path)], "continues its streams from the sources they started with"),
                          ([str(tmp_path / "missing.mp4")], "no such video file")):
         args = [bikes, *extra] if extra[0].endswith(".mp4") else [bikes, bikes, *extra]
         out = run_cli(*args, "--ask", "what is it?")
