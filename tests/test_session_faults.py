@@ -239,6 +239,7 @@ def test_every_write_of_a_longer_session_crashes_and_fills_the_disk(tmp_path, ca
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the simulated death, per stream
 def test_a_crash_of_a_run_of_two_streams_loses_no_answer_and_no_stored_clip(tmp_path, capsys, monkeypatch,
                                                                              shared_model, descriptors):
     """`stream-qa a.mp4 b.mp4 --session DIR` (each stream in DIR/stream-N) crashed at the first write of each kind of
