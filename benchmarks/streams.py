@@ -36,6 +36,7 @@ from inf_mllm.loader import load_model
 from inf_mllm.pool import SessionPool
 from inf_mllm.session import StreamSession
 
+from . import shapes
 from .common import print_table, record, write
 from .corpus import token_stream
 
@@ -86,8 +87,6 @@ def run(args):
 
 def run_shape(args):
     """The slot step on a 7B shape (the module docstring)."""
-    from . import shapes
-
     counts = [1, 2, 4] if args.quick else [int(n) for n in os.environ.get("STREAMS", "1,2,4,8,16,32").split(",")]
     rounds = args.rounds or (2 if args.quick else 3)
     model = shapes.build(args.shape, args.device)
@@ -124,8 +123,6 @@ def run_shape(args):
 
 
 def slot_round(model, n: int, rounds: int, device: str, mode: str | None) -> dict:
-    from . import shapes
-
     torch.manual_seed(n)
     gc.collect()
     cuda = torch.device(device).type == "cuda"
@@ -164,9 +161,8 @@ def slot_round(model, n: int, rounds: int, device: str, mode: str | None) -> dic
     pool.close()
     if not slotted or pool.slot_decode.failed:
         raise RuntimeError(f"the slot step did not run: {pool.slot_decode.failed}")
-    ttfts.sort()
     return {"aggregate": n * 1e3 / statistics.median(tokens), "ttft_p50": statistics.median(ttfts),
-            "ttft_p95": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
+            "ttft_p95": p95(ttfts),
             "step_ms": statistics.median(steps) * 1e3, "token_ms": statistics.median(tokens), "first_s": first_s,
             "gpu_mb": max(memory), "gpu_slope_mb": (memory[-1] - memory[0]) / max(1, len(memory) - 1),
             "bound": bound, "kv_tokens": kv_tokens}
@@ -176,8 +172,6 @@ def profile_step(step, device) -> None:
     """Where a slot step's time goes (PROFILE=1, a GPU): 20 replays back to back (no host work between them), then
     the device's kernels over 5 replays by time. The caches' rows past their ends are written and dropped."""
     from torch.profiler import ProfilerActivity, profile
-
-    from . import shapes
 
     def replays(k):
         for _ in range(k):
@@ -195,6 +189,12 @@ def profile_step(step, device) -> None:
             shapes.sync(device)
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=60),
           flush=True)
+
+
+def p95(values: list[float]) -> float:
+    """The nearest-rank 95th percentile."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
 def _value(records, policy, n, metric):
@@ -244,9 +244,8 @@ def decode_round(model, tok, n: int, mode: str, rounds: int) -> dict:
         steps.append(span / (ANSWER - 1) * 1e3)  # pool: one batched step per answer token
     if pool:
         pool.close()
-    ttfts.sort()
     return {"aggregate": decode_tokens / decode_s, "ttft_p50": statistics.median(ttfts),
-            "ttft_p95": ttfts[min(len(ttfts) - 1, round(0.95 * (len(ttfts) - 1)))],
+            "ttft_p95": p95(ttfts),
             "step_ms": statistics.median(steps) if pool else decode_s / decode_tokens * 1e3,
             "kv_bytes": statistics.mean(s.kv_bytes for s in sessions), "bound": bound}
 

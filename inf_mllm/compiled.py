@@ -124,10 +124,7 @@ class CompiledDecode:
             logits = self._forward(token[:, None])
         except Exception as err:  # noqa: BLE001 - no compiler here (a GPU without Triton), an op it cannot trace…
             # whatever the step wrote is past the cache's end: the eager step writes that row again
-            lines = str(err).strip().splitlines()
-            self.failed = f"{type(err).__name__}: {lines[0] if lines else ''}"
-            warnings.warn(f"compiled decode failed ({self.failed[:200]}); decoding eagerly from now on",
-                          stacklevel=2)
+            self.failed = failed("compiled decode", err)
             return None
         return logits[:, -1].clone()  # a CUDA graph's output is overwritten next replay
 
@@ -135,6 +132,14 @@ class CompiledDecode:
         """The launched step's row is the cache's."""
         cache.written(1)
         self.steps += 1
+
+
+def failed(what: str, err: Exception) -> str:
+    """Why a compiled step failed, in one line, warned once: its caller decodes eagerly from then on."""
+    lines = str(err).strip().splitlines()
+    why = f"{type(err).__name__}: {lines[0] if lines else ''}"
+    warnings.warn(f"{what} failed ({why[:200]}); decoding eagerly from now on", stacklevel=3)
+    return why
 
 
 def compiled_decode(model) -> CompiledDecode:

@@ -169,9 +169,9 @@ class StreamingLayer(DynamicLayer):
             block = keys
         else:
             block = rerotate_by(keys.to(self.keys), to, moves.to(self.keys.device), inv_freq)
-        tail = self.keys[:, :, at:] if at < n else None  # moves right by the block's extent (at the end: nothing)
-        tail = rerotate(tail, torch.full((1, 1, tail.shape[2]), shift, device=keys.device), inv_freq) \
-            if tail is not None else None
+        tail = None  # what follows the block moves right by its extent (at the end: nothing)
+        if at < n:
+            tail = rerotate(self.keys[:, :, at:], torch.full((1, 1, n - at), shift, device=keys.device), inv_freq)
         self._k.insert(at, block.to(self.keys.dtype), tail)
         self._v.insert(at, values.to(self.values))
         if self.cache.track_turns:

@@ -19,12 +19,11 @@ out of it (buffer.py allocates), `holds` sees that, and the stream's steps go ba
 """
 
 import time
-import warnings
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .compiled import CompiledDecode
+from .compiled import CompiledDecode, failed
 
 
 class SlotArena:
@@ -36,26 +35,18 @@ class SlotArena:
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.holders: list = [None] * slots  # the cache in each slot (None: free)
-        self._slot_of: dict[int, int] = {}  # id(cache) -> its slot
         self._views: list[list[tuple[torch.Tensor, torch.Tensor]]] = []  # per slot, per layer: (keys, values)
 
     @property
     def capacity(self) -> int:
         return self.keys[0].shape[2] if self.keys else 0
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.keys + self.values)
-
     def slot(self, cache) -> int | None:
         """The slot holding `cache`'s K/V now (None: none; a cache whose buffers grew out of its slot has left it)."""
-        s = self._slot_of.get(id(cache))
-        if s is None or self.holders[s] is not cache:
-            return None
-        if self.holds(s):
+        s = next((s for s, holder in enumerate(self.holders) if holder is cache), None)
+        if s is None or self.holds(s):
             return s
         self.holders[s] = None  # its buffers left: the slot is free again
-        del self._slot_of[id(cache)]
         return None
 
     def holds(self, s: int) -> bool:
@@ -82,9 +73,7 @@ class SlotArena:
         for layer, (k, v) in zip(cache.layers, self._views[s], strict=True):
             layer._k.adopt(k)
             layer._v.adopt(v)
-        if self.holders[s] is not None:
-            self._slot_of.pop(id(self.holders[s]), None)
-        self.holders[s], self._slot_of[id(cache)] = cache, s
+        self.holders[s] = cache
         return s
 
     def unbind(self, cache) -> None:
@@ -96,7 +85,6 @@ class SlotArena:
             layer._k.adopt(layer._k.buf.clone())
             layer._v.adopt(layer._v.buf.clone())
         self.holders[s] = None
-        del self._slot_of[id(cache)]
 
     def _allocate(self, buffers) -> None:
         for k, v in buffers:
@@ -200,12 +188,13 @@ class SlotDecode:
             self._build()
         rows = [0] * arena.slots
         ids = [0] * arena.slots
-        for s, holder in enumerate(arena.holders):
-            if holder is not None and arena.holds(s):
-                if holder.free_rows() <= 0:  # an idle stream with no row to spare: out of the arena, not overwritten
+        for s, holder in enumerate(arena.holders):  # each slot writes past its cache (one that left it: anywhere)
+            if holder is not None:
+                n = holder.layers[0].get_seq_length()
+                if n < arena.capacity:
+                    rows[s] = n
+                else:  # an idle stream with no row to spare: out of the arena, not overwritten
                     arena.unbind(holder)
-                else:
-                    rows[s] = holder.layers[0].get_seq_length()
         for s, token in zip(slots, tokens, strict=True):
             ids[s] = int(token[0])
         self.rows.copy_(torch.tensor(rows))
@@ -217,10 +206,7 @@ class SlotDecode:
             with torch.inference_mode():
                 logits = self._forward(self.tokens)
         except Exception as err:  # noqa: BLE001 - no compiler here, an op it cannot trace...: rows past every cache
-            lines = str(err).strip().splitlines()
-            self.failed = f"{type(err).__name__}: {lines[0] if lines else ''}"
-            warnings.warn(f"the pool's slot decode step failed ({self.failed[:200]}); decoding eagerly from now on",
-                          stacklevel=2)
+            self.failed = failed("the pool's slot decode step", err)
             return None
         taken = logits[slots]  # a copy: a CUDA graph's output is overwritten at its next replay
         out = [taken[i:i + 1] for i in range(len(slots))]

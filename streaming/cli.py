@@ -261,12 +261,8 @@ def _run(args, out) -> int:
     session = load_session(args, spec, adapter, folder)
     resume_at = (0, 0.0)
     if folder is not None and args.resume:
-        resume_at = folder.resume_point(session.store)
-        restored = session.restore(folder.exchanges())
-        qs = folder.pending(qs, resume_at[1])  # those before it: asked now unless the transcript has them
-        print(f"stream-qa: resuming after clip {resume_at[0]} ({resume_at[1]:.1f} s of video): {len(session.store)} "
-              f"clips stored, the last {len(restored)} back in the cache with the questions and answers between "
-              f"them, {len(folder.answered())} answers so far", file=sys.stderr)
+        resume_at, qs, line = folder.resume_into(session, qs)  # earlier questions: asked now unless answered
+        print(f"stream-qa: {line}", file=sys.stderr)
     elif folder is not None:
         folder.save_settings({k: getattr(args, k) for k in SESSION_SETTINGS} | {"video": str(video) if video else None})
     if soak:

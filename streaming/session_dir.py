@@ -142,6 +142,16 @@ class SessionDir:
                       f"now, from the stored clips")
         return [Question(q.text) for q in asked] + [q for q in questions if q not in late]
 
+    def resume_into(self, session, questions: list) -> tuple[tuple[int, float], list, str]:
+        """Rebuild `session` (its store opened from this folder) as the transcript left it: (the clip and video time
+        it continues after, the questions still to ask, the line saying so)."""
+        at = self.resume_point(session.store)
+        restored = session.restore(self.exchanges())
+        line = (f"resuming after clip {at[0]} ({at[1]:.1f} s of video): {len(session.store)} clips stored, the last "
+                f"{len(restored)} back in the cache with the questions and answers between them, "
+                f"{len(self.answered())} answers so far")
+        return at, self.pending(questions, at[1]), line
+
     def resume_point(self, store) -> tuple[int, float]:
         """(clips already in the store, video time they cover): where the stream goes on."""
         clips = store.clips()

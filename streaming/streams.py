@@ -128,13 +128,9 @@ def run_streams(args, sources, questions, spec, adapter, out, folders=None, sett
                                 drop_when_full=source.live)
             asked = list(questions)
             if folder is not None and args.resume:
-                engine.resume_at = folder.resume_point(session.store)
+                engine.resume_at, asked, line = folder.resume_into(pooled, asked)
                 engine.video_t = engine.resume_at[1]
-                restored = pooled.restore(folder.exchanges())
-                asked = folder.pending(asked, engine.resume_at[1])
-                print(f"stream-qa: stream {i} ({label}): resuming after clip {engine.resume_at[0]} "
-                      f"({engine.resume_at[1]:.1f} s of video): {len(session.store)} clips stored, the last "
-                      f"{len(restored)} back in the cache, {len(folder.answered())} answers so far", file=sys.stderr)
+                print(f"stream-qa: stream {i} ({label}): {line}", file=sys.stderr)
             elif folder is not None:
                 folder.save_settings(settings[i - 1])
             engines.append((i, label, engine, pooled, source, Schedule(asked), folder))
