@@ -5,7 +5,7 @@ hf_models (transformers' video LLMs on the bounded cache, per family on a tiny r
 (transformers' own caches, eager and compiled, as the decode reference), sdpa_backends (a GPU diagnostic), fingerprint
 (what every policy path answers and keeps, to prove a change kept behaviour) and recall_path (recall's bookkeeping on
 the model's thread at 1,000 stored spans), streams (many streams on one model: the session pool against one
-lock). latency,
+lock), link_modes (a linked clip's KV reused, partly recomputed or re-encoded, on the same questions). latency,
 hf_models, compiled_decode and sdpa_backends take `--shape` (a randomly initialised 7B-sized model) and `--device`."""
 
 import argparse
@@ -15,7 +15,7 @@ import sys
 
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
          "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural", "fingerprint",
-         "recall_path", "streams", "serve", "hf_template")
+         "recall_path", "streams", "serve", "hf_template", "link_modes")
 
 
 def main(argv=None) -> int:

@@ -24,7 +24,9 @@ rate of answers naming a thing, or saying yes to one, that the target clip's own
 time to first token. Policies: `inf_mllm` (no recall), `inf_mllm+recall` (links the clips the words
 resolve to), `inf_mllm+recall_keys` (links by the question's keys past the gate, as for models whose
 turns carry no words; the question is still phrased by the words), and `inf_mllm+recall_oracle` (the
-clips the truth names are linked: the ceiling of recall). `POLICY@library` asks the same questions
+clips the truth names are linked: the ceiling of recall). `+mpic`, `+blend` and `+reencode` after a recall
+part recompute part or all of each linked clip with the question (MPIC-k, CacheBlend-r, re-encoding; recall.py),
+reported with the median time to first token of the questions that linked. `POLICY@library` asks the same questions
 through the library call the README shows (`adapter.answer(session, question)`, no caller resolving
 the words first): the path every caller shares, measured apart.
 
@@ -368,6 +370,10 @@ def summarize(rows: list[dict]) -> list[dict]:
             times = [r["ttft_s"] for r in mine if r["source"] == kind]
             if times:
                 recs.append(record("natural", policy, BUDGET, "ttft_s", statistics.median(times), f"median, {kind}"))
+        times = [r["ttft_s"] for r in model if r["linked"]]  # what a recall mode's recompute costs
+        if times:
+            recs.append(record("natural", policy, BUDGET, "ttft_s", statistics.median(times), "median, linking"))
+            recs.append(record("natural", policy, BUDGET, "questions", len(times), "linking"))
     return recs
 
 

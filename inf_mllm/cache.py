@@ -37,7 +37,9 @@ class Forward:
     `decoding`: a decode step (it neither opens a turn nor refreshes prompt statistics); `turn`: the id its tokens
     are tracked under (recall); `incoming`: under multimodal RoPE, the tokens' unit bases and the next position;
     `vision_end`: the prompt's tokens up to this index end with its last visual token; `probe_until`: a probe stops
-    before this layer; `observers`: those that score this forward (none: attention goes straight to SDPA)."""
+    before this layer; `rewrite`: its first tokens are linked tokens recomputed, written over their stored K/V at
+    these rows of the linked block (a probe's go to `fresh` instead, the cache left as it was); `observers`: those
+    that score this forward (none: attention goes straight to SDPA)."""
 
     cache: "StreamingCache | None" = None
     decoding: bool = False
@@ -47,6 +49,8 @@ class Forward:
     vision_seen: bool = False
     probe_until: int | None = None
     observers: list = field(default_factory=list)
+    rewrite: torch.Tensor | None = None  # rows of the linked block its first tokens replace (recall's recompute)
+    fresh: dict = field(default_factory=dict)  # a probe's recomputed (K, V) of those rows, by layer
     kwargs: dict = field(default_factory=dict)  # for the model call: the forward itself, positions if explicit
     window_mask: tuple = (None, (None, None))  # attention.py's check of the mask, once per forward
 

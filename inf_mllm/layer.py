@@ -62,12 +62,31 @@ class StreamingLayer(DynamicLayer):
             raise ProbeDone  # the probe has the keys it needs: the deeper layers need not run
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        if forward.rewrite is not None:
+            key_states, value_states, copies = self._rewrite(forward, key_states, value_states)
+            if copies is not None:
+                return copies
         keys, values = self._k.append(key_states), self._v.append(value_states)
         new = key_states.shape[-2]
         if not forward.decoding:
             self.prompt_len = new
         self._grew(new, forward)
         return keys, values
+
+    def _rewrite(self, forward, key_states, value_states):
+        """The forward's first tokens are recomputed linked tokens (MPIC's selective attention: the stored block is
+        the dummy cache their fresh K/V replace rows of): written over those rows, the rest left to append. A probe
+        keeps the cache as it was: the rows are replaced in a copy, which its attention reads (and `fresh` keeps)."""
+        s = forward.rewrite.numel()
+        at = self.linked[0] + forward.rewrite
+        k, v = key_states[:, :, :s], value_states[:, :, :s]
+        if forward.probe_until is not None:
+            forward.fresh[self.layer_idx] = (k, v)
+            keys, values = self.keys.clone(), self.values.clone()
+            keys[:, :, at], values[:, :, at] = k, v
+            return None, None, (keys, values)
+        self.keys[:, :, at], self.values[:, :, at] = k, v
+        return key_states[:, :, s:], value_states[:, :, s:], None
 
     def written(self, new: int) -> None:
         """`new` rows were written into the buffers past the cache by a compiled decode step (compiled.py)."""

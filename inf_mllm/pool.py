@@ -264,6 +264,16 @@ class SessionPool:
                 ready.append((q, q.session.begin_question(q.ids, **q.options)))
             except BaseException as err:  # noqa: BLE001
                 q.future.set_exception(err)
+        alone = [(q, question) for q, question in ready if question.recompute is not None]
+        ready = [(q, question) for q, question in ready if question.recompute is None]
+        for q, question in alone:  # part of its linked turns recomputed with it: a forward of its own
+            try:
+                logits = q.session.prefill_recomputing(question, q.ids)
+            except BaseException as err:  # noqa: BLE001
+                q.future.set_exception(err)
+                continue
+            q.session.question_done(question)
+            q.future.set_result(logits)
         rows = [q.session.turn_row(q.ids, None) for q, _ in ready]
         starts = [q.session.clock() for q, _ in ready]
         for (q, question), row, t0, logits in zip(ready, rows, starts, self._forward(rows), strict=True):

@@ -12,9 +12,10 @@ averaged over heads, summed over the scoring layers. Keys of the middle layers c
 neighbours, so they match "clip 13" rather than any 1 and 3 (the layer choice is measured in
 benchmarks/results/README.md). The spans are linked back in time order as one block, re-rotated to fresh
 contiguous positions (at the end of the cache, just before the question, or at its front after the sinks),
-with no re-encoding. The question turn does not evict, so the answer sees them; they leave again at the next
-turn boundary. `oracle` links exactly the right span and `random` k random ones: the references recall is
-measured against. The options are `spec.Recall`."""
+with no re-encoding (MPIC's full reuse), or with part of them recomputed in the question's own forward
+(`recompute_rows`: MPIC-k, CacheBlend-r, or all of them). The question turn does not evict, so the answer sees
+them; they leave again at the next turn boundary. `oracle` links exactly the right span and `random` k random
+ones: the references recall is measured against. The options are `spec.Recall`."""
 
 from collections.abc import Callable
 
@@ -50,11 +51,13 @@ def scoring_layers(recall: Recall, num_layers: int) -> list[int]:
     return sorted({min(round(f * num_layers), num_layers - 1) for f in recall.depth})
 
 
-def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> Span:
+def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict, inputs: torch.Tensor | None = None,
+              vision: tuple[int, int] | None = None) -> Span:
     """The last `length` tokens of every layer as a span, as the cache holds them: keys rotated at their positions
     (`origin`: where each layer holds the first), so storing rotates nothing and linking rotates once. In the
     scoring layers, a summary of the mean key plus `reps` keys the turn's own window attended to most (all of
-    them for a short turn), per KV head, without RoPE."""
+    them for a short turn), per KV head, without RoPE. `inputs` (length, hidden), the turn's input embeddings, and
+    `vision`, where its visual tokens sit, are kept for a recall that recomputes linked tokens."""
     keys, values, summary = [], [], []
     scoring = set(scoring_layers(recall, len(cache.layers)))
     origins, own, bases = cache.rope.span(cache, length)  # multimodal: the turn's units from 0, then its extent
@@ -81,7 +84,8 @@ def make_span(cache, span_id: int, length: int, recall: Recall, meta: dict) -> S
         summary.append(torch.cat([bare.mean(dim=1, keepdim=True), picked], dim=1))
     # in host memory: a GPU's memory holds the bounded cache alone, however many turns are stored
     return Span(span_id, length, torch.stack(summary).to("cpu", torch.float16), meta,
-                torch.stack(keys).to("cpu"), torch.stack(values).to("cpu"), bases, torch.tensor(origins))
+                torch.stack(keys).to("cpu"), torch.stack(values).to("cpu"), bases, torch.tensor(origins),
+                None if inputs is None else inputs.to("cpu"), None if vision is None else torch.tensor(vision))
 
 
 # --- choosing spans ---------------------------------------------------------------------------------
@@ -174,6 +178,35 @@ def link(cache, store: SpanStore, span_ids: list[int], at: str, recalled: bool =
         pos = n if at == "end" else min(4, n)
         layer.insert(pos, keys[i][None], values[i][None], tag, moves[i], bases, recalled=recalled)
     return [i for i, _ in blocks]
+
+
+def recompute_rows(store: SpanStore, span_ids: list[int], recall: Recall) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rows of the linked block (`span_ids` as `link` returned them, in that order) that the question's forward
+    may recompute, and their input embeddings (rows, hidden): under MPIC-k each turn's text tokens and its first
+    `mpic_k` visual tokens (MPIC's Insights 2-3: the first visual tokens draw the most attention and move the most
+    with their context); under CacheBlend-r and re-encoding every token (CacheBlend keeps those that deviate most:
+    `most_deviating`). A turn stored without its inputs is reused as stored."""
+    rows, inputs, offset = [], [], 0
+    for span_id in span_ids:
+        span = store.spans[span_id]
+        store.kv(span_id)  # its inputs come back with its KV, if the RAM tier let them go
+        if span.inputs is not None and recall.reuse != "full":
+            own = torch.arange(span.length)
+            if recall.reuse == "mpic" and span.vision is not None:
+                start, end = span.vision.tolist()
+                own = own[(own < start) | (own >= end) | (own < start + recall.mpic_k)]
+            rows.append(own + offset)
+            inputs.append(span.inputs[own])
+        offset += span.length
+    if not rows:
+        return torch.zeros(0, dtype=torch.long), None
+    return torch.cat(rows), torch.cat(inputs)
+
+
+def most_deviating(rows: torch.Tensor, inputs: torch.Tensor, deviation: torch.Tensor, share: float):
+    """CacheBlend-r: the `share` of the rows whose recomputed KV moved furthest from the stored one, in order."""
+    keep = deviation.topk(max(1, round(share * len(rows))) if share > 0 else 0).indices.sort().values.cpu()
+    return rows[keep], inputs[keep]
 
 
 def unlink(cache) -> None:

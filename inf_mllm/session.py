@@ -49,6 +49,7 @@ class Question:
     recall_s: float
     forget_at: list | None
     evict: bool
+    recompute: tuple | None = None  # (rows of the linked block, their input embeddings) its forward recomputes
 
 
 @dataclass
@@ -106,6 +107,9 @@ class StreamSession:
             if self.cache.policy.evict_while_decoding:
                 raise ValueError(f"recall needs a policy that evicts only at turn boundaries, not {spec.policy_name}")
             recall_.scoring_layers(self.recall, len(self.cache.layers))  # a layer the model lacks: refused now
+            if self.recall.reuse != "full" and (self.cache.multimodal or self.recall.at != "end"):
+                raise ValueError(f"recall +{self.recall.reuse} recomputes linked turns placed at the end of the cache "
+                                 "of a model with 1-D RoPE (not multimodal RoPE, not placed at the front)")
             self.store = store if isinstance(store, SpanStore) else SpanStore(store)
             self.turns = self.store.next_id
 
@@ -172,7 +176,12 @@ class StreamSession:
             except BaseException:  # a turn that fails (out of memory, Ctrl-C) leaves the session as it was
                 self.cache.rollback(marks)
                 raise
-        self.turn_done(out.logits[:, -1], turn.length, t0, evict, store, meta)
+        kept = {}
+        if store and self.recall is not None and self.recall.reuse != "full":  # what a recompute starts from
+            tokens = turn.tokens if turn.tokens.dim() == 3 else self.model.get_input_embeddings()(turn.tokens)
+            held = turn.forward["held"]
+            kept = {"inputs": tokens[0], "vision": None if vision is None else (vision[0] + held, vision[1] + held)}
+        self.turn_done(out.logits[:, -1], turn.length, t0, evict, store, meta, **kept)
         return out.logits
 
     def turn_row(self, input_ids, inputs_embeds, vision: tuple[int, int] | None = None,
@@ -185,13 +194,15 @@ class StreamSession:
                                         "vision_end": None if vision is None else vision[1] + held})
 
     def turn_done(self, logits: torch.Tensor, length: int, t0: float, evict: bool = True, store: bool = True,
-                  meta: dict | None = None) -> None:
-        """After a turn's forward (`logits`: its last position's, (B, V)): store it for recall, evict, count it."""
+                  meta: dict | None = None, inputs: torch.Tensor | None = None,
+                  vision: tuple[int, int] | None = None) -> None:
+        """After a turn's forward (`logits`: its last position's, (B, V)): store it for recall (with its `inputs` and
+        `vision` span when linked turns are recomputed), evict, count it."""
         self._pending = None
         stats = TurnStats()
         t1 = self._clock()
         if self.recall is not None and store:
-            self.store.add(recall_.make_span(self.cache, self.turns, length, self.recall, meta or {}))
+            self.store.add(recall_.make_span(self.cache, self.turns, length, self.recall, meta or {}, inputs, vision))
         if evict:
             self.cache.evict()
         stats.prefill_s, stats.evict_s = t1 - t0, self._clock() - t1
@@ -226,7 +237,11 @@ class StreamSession:
         evicted for them), so an answer about one clip cannot sway the next question about another;
         policies that evict while decoding keep them."""
         question = self.begin_question(input_ids, probe_ids, named, oracle, keep)
-        logits = self._prefill(input_ids, None, evict=question.evict, store=False, meta=None, all_logits=all_logits)
+        if question.recompute is not None:
+            logits = self.prefill_recomputing(question, input_ids, all_logits)
+        else:
+            logits = self._prefill(input_ids, None, evict=question.evict, store=False, meta=None,
+                                   all_logits=all_logits)
         self.question_done(question)
         return logits
 
@@ -249,7 +264,66 @@ class StreamSession:
                 keys = self._question_keys(probe_ids if probe_ids is not None else input_ids)
             chosen = recall_.choose(self.store, resident, self.recall, keys, named, oracle)
             linked = recall_.link(self.cache, self.store, chosen, self.recall.at)
-        return Question(linked, self.clock() - t0, None if keep else self.cache.mark(), keep and not linked)
+        recompute = self._to_recompute(linked) if linked and self.recall.reuse != "full" else None
+        return Question(linked, self.clock() - t0, None if keep else self.cache.mark(), keep and not linked, recompute)
+
+    # --- recomputing linked turns with the question (MPIC's selective attention) ------------------------
+
+    def _to_recompute(self, linked: list[int]) -> tuple | None:
+        """The rows of the just linked block the question's forward recomputes, and their inputs (None: none)."""
+        rows, inputs = recall_.recompute_rows(self.store, linked, self.recall)
+        if rows.numel() and self.recall.reuse == "blend":
+            rows, inputs = recall_.most_deviating(rows, inputs, self._deviation(rows, inputs), self.recall.blend_r)
+        return (rows, inputs) if rows.numel() else None
+
+    def _selective(self, rows: torch.Tensor, new: int) -> dict:
+        """Position ids and mask of a forward whose first tokens are the linked block's `rows` (at the end of the
+        cache) and then `new` tokens after the cache: each token sees every position up to its own, so a
+        recomputed token sees the cache before the block and the block up to itself (stored or recomputed)."""
+        end, linked = self.cache.get_seq_length(), self.cache.layers[0].linked[1]
+        at = torch.cat([end - linked + rows, torch.arange(end, end + new)]).to(self.device)
+        mask = torch.arange(end + new, device=self.device)[None, :] <= at[:, None]
+        return {"position_ids": at[None], "attention_mask": mask[None, None]}
+
+    def _deviation(self, rows: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+        """CacheBlend's measure: how far each row's K/V moves when recomputed in its new context, at the second
+        layer (CacheBlend picks its tokens there, its first layer recomputed for every token). A probe: the
+        cache is left as it was."""
+        until = min(2, len(self.cache.layers))
+        x = inputs.to(self.device, self.model.dtype)[None]
+        with self.cache.forward(len(rows), probe_until=until, device=self.device) as fwd:
+            fwd.rewrite, fwd.observers = rows.to(self.device), []
+            with contextlib.suppress(ProbeDone):
+                self.model(inputs_embeds=x, **self._selective(rows, 0), **fwd.kwargs, past_key_values=self.cache,
+                           use_cache=True)
+            layer = self.cache.layers[until - 1]
+            k, v = fwd.fresh[until - 1]
+        at = layer.linked[0] + rows.to(self.device)
+        moved = (k - layer.keys[:, :, at]).float().square().sum(dim=(1, 3)) \
+            + (v - layer.values[:, :, at]).float().square().sum(dim=(1, 3))
+        return moved[0]
+
+    @torch.inference_mode()
+    def prefill_recomputing(self, question: Question, input_ids: torch.Tensor, all_logits: bool = False):
+        """The question's prefill with the linked rows `question.recompute` names recomputed in the same forward,
+        in place of their stored K/V (MPIC's one step: the linked block is its dummy cache). Returns the question's
+        logits, as `append_question`'s. A recomputed row stays in the cache as recomputed until the block leaves."""
+        rows, inputs = question.recompute
+        turn = self.turn_row(input_ids, None)
+        embedded = self.model.get_input_embeddings()(turn.tokens)
+        x = torch.cat([inputs.to(self.device, embedded.dtype)[None], embedded], dim=1)
+        t0 = self._clock()
+        marks = self.cache.mark()
+        with self.cache.forward(turn.length, batch=self.batch, device=self.device, **turn.forward) as fwd:
+            fwd.rewrite = rows.to(self.device)
+            try:
+                out = self.model(inputs_embeds=x, **self._selective(rows, turn.length), **fwd.kwargs,
+                                 logits_to_keep=0 if all_logits else 1, past_key_values=self.cache, use_cache=True)
+            except BaseException:  # the question leaves the cache as it was (the block's rows may be rewritten)
+                self.cache.rollback(marks)
+                raise
+        self.turn_done(out.logits[:, -1], turn.length, t0, evict=question.evict, store=False)
+        return out.logits[:, len(rows):] if all_logits else out.logits
 
     def question_done(self, question: "Question") -> None:
         self._forget_at = question.forget_at

@@ -2,11 +2,12 @@
 
 This module imports no torch, so `stream-qa` and the app check a user's `--policy` and `--budget` with
 the real grammars before any model loads. A policy string names three independent parts and an
-optional recall, `scorer[+allocator][+reducer][+recall…]`:
+optional recall, `scorer[+allocator][+reducer][+recall…][+reuse]`:
 
     inf_mllm                          the paper's algorithm with its default allocator and reducer
     inf_mllm+vl_cache_budgets+merge   Inf-MLLM's scores, VL-Cache's budgets, Elastic Cache's merging
     inf_mllm+recall                   evicted turns come back from the span store when asked about
+    inf_mllm+recall+mpic              ... and part of each linked turn is recomputed with the question (MPIC-k)
 
 The catalogue below is the one list of names; `inf_mllm.policies` imports a part's class when a spec
 is built. A budget is tokens per layer (``512``), a memory size (``512MB``, ``2GiB``) or ``auto``.
@@ -50,6 +51,10 @@ COMBINATIONS = (
 )
 
 RECALL_MODES = ("attention", "oracle", "random")
+# how a linked turn's stored KV is used (recall.py, `recompute_rows`): as stored (MPIC's full reuse), with its text
+# and first `mpic_k` visual tokens recomputed in the question's forward (MPIC-k), with the `blend_r` share of its
+# tokens whose KV deviates most recomputed (CacheBlend-r), or every token recomputed (re-encoding, the ceiling)
+REUSE_MODES = ("full", "mpic", "blend", "reencode")
 
 
 @dataclass
@@ -69,6 +74,9 @@ class Recall:
     layers: tuple[int, ...] | None = None
     window: int = 64  # turn queries observed to pick representatives (policies without a window of their own)
     resident: float = 0.5  # a span with at least this share of its tokens still cached is not recalled
+    reuse: str = "full"  # one of REUSE_MODES
+    mpic_k: int = 8  # MPIC-k: the first visual tokens of a linked turn recomputed (a quarter of a tiny-vlm clip)
+    blend_r: float = 0.15  # CacheBlend-r: the share of linked tokens recomputed (CacheBlend's default 15%)
     seed: int = 0
     rng: random.Random = field(init=False, repr=False, compare=False)  # the random mode's draws
 
@@ -77,6 +85,10 @@ class Recall:
             raise ValueError(f"recall mode must be one of {', '.join(RECALL_MODES)}, got {self.mode!r}")
         if self.at not in ("end", "front"):
             raise ValueError(f"recall placement must be 'end' or 'front', got {self.at!r}")
+        if self.reuse not in REUSE_MODES:
+            raise ValueError(f"recall reuse must be one of {', '.join(REUSE_MODES)}, got {self.reuse!r}")
+        if self.mpic_k < 0 or not 0 <= self.blend_r <= 1:
+            raise ValueError(f"recall mpic_k must be >= 0 and blend_r in [0, 1], got {self.mpic_k}, {self.blend_r}")
         if self.k < 1 or self.reps < 1 or self.window < 1:
             raise ValueError("recall k, reps and window must be at least 1")
         if not all(0 <= f < 1 for f in self.depth):
@@ -87,10 +99,9 @@ class Recall:
 
     @property
     def kind(self) -> str:
-        """The policy suffix that names this recall."""
-        if self.mode != "attention":
-            return f"recall_{self.mode}"
-        return "recall" if self.named else "recall_keys"
+        """The policy suffix that names this recall (and its reuse, unless full)."""
+        kind = f"recall_{self.mode}" if self.mode != "attention" else "recall" if self.named else "recall_keys"
+        return kind if self.reuse == "full" else f"{kind}+{self.reuse}"
 
 
 RECALL_KINDS = {"recall": {}, "recall_keys": {"named": False}, "recall_oracle": {"mode": "oracle"},
@@ -133,12 +144,14 @@ class PolicySpec:
                 reducer = part
             elif part in RECALL_KINDS and recall is None:
                 recall = Recall(**RECALL_KINDS[part])
+            elif part in REUSE_MODES[1:] and recall is not None and recall.reuse == "full":
+                recall = replace(recall, reuse=part)
             else:
-                allocators, reducers, recalls = (" ".join("+" + n for n in names)
-                                                 for names in (ALLOCATORS, REDUCERS, RECALL_KINDS))
+                allocators, reducers, recalls, reuses = (" ".join("+" + n for n in names) for names in
+                                                         (ALLOCATORS, REDUCERS, RECALL_KINDS, REUSE_MODES[1:]))
                 raise ValueError(f"unknown or misplaced policy part {'+' + part!r} in {text!r}: write "
-                                 f"<scorer>[+<allocator>][+<reducer>][+<recall>]; allocators {allocators}, "
-                                 f"reducers {reducers}, recall {recalls}")
+                                 f"<scorer>[+<allocator>][+<reducer>][+<recall>[+<reuse>]]; allocators {allocators}, "
+                                 f"reducers {reducers}, recall {recalls}, reuse of linked turns {reuses}")
         return cls(scorer, allocator, reducer, recall, options)
 
     @property

@@ -49,10 +49,15 @@ class Span:
     values: torch.Tensor | None = None
     bases: torch.Tensor | None = None  # multimodal RoPE: (k + 1,) its tokens' unit bases from 0, then its extent
     origin: torch.Tensor | None = None  # (layers,) the position of its first token in each layer (None: 0)
+    # what a linked turn's recompute starts from (recall.recompute_rows): its input embeddings (k, hidden), kept with
+    # its KV, and where its visual tokens sit in it, (start, end) (None: it has none, or the store was not asked)
+    inputs: torch.Tensor | None = None
+    vision: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+        extra = 0 if self.inputs is None else self.inputs.nbytes
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes + extra
 
 
 def _size(cap) -> int | None:
@@ -111,7 +116,7 @@ class SpanStore:
             tensors = self._read(span_id)
             if tensors is None:
                 return None
-            span.keys, span.values = tensors["keys"], tensors["values"]
+            span.keys, span.values, span.inputs = tensors["keys"], tensors["values"], tensors.get("inputs")
             self._hold(span)
             self._enforce()
         else:
@@ -141,7 +146,7 @@ class SpanStore:
         if span.keys is not None and self._in_ram.pop(span.id, 0) is None:
             self._ram -= span.nbytes
         if keep_meta:
-            span.keys = span.values = None
+            span.keys = span.values = span.inputs = None
 
     def summary_rows(self, span_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The rows of `span_ids` in the stacked summaries, and the stack (N, layers, Hkv, r, d) in id order, as
@@ -212,7 +217,7 @@ class SpanStore:
             name = f"span_{span.id:08d}.safetensors"
             tensors = {"keys": span.keys.contiguous(), "values": span.values.contiguous(),
                        "summary": span.summary.contiguous()}
-            for key in ("bases", "origin"):
+            for key in ("bases", "origin", "inputs", "vision"):
                 if getattr(span, key) is not None:
                     tensors[key] = getattr(span, key).contiguous()
             data = save(tensors,
@@ -332,7 +337,7 @@ class SpanStore:
                 continue
             meta = json.loads(store_index.tensors_meta(self.folder / record["file"]).get("meta", "{}"))
             span = Span(record["id"], tensors["keys"].shape[2], tensors["summary"], meta,
-                        bases=tensors.get("bases"), origin=tensors.get("origin"))
+                        bases=tensors.get("bases"), origin=tensors.get("origin"), vision=tensors.get("vision"))
             self.spans[record["id"]] = span
             self._log_clip(span)
             self._stack.add(span)

@@ -29,7 +29,7 @@ METRICS = ("ppl", "accuracy", "decode_ms_per_token", "ttft_s", "evict_share", "k
            "encode_ms", "kv_kb_per_clip", "clip_ttft_s", "floor_ms_per_token", "decode_vs_floor", "gpu_mb",
            "first_answer_s", "decode_vs_streaming_llm", "ttft_p95_s", "bound_mb", "read_gb_s", "clips", "dropped",
            "answers", "video_s", "wall_s", "answer_s", "answer_p95_s", "overhead_ms", "questions_per_s", "requests",
-           "refused", "errors", "max_logit_diff", "same_greedy")
+           "refused", "errors", "max_logit_diff", "same_greedy", "kl")
 
 
 def record(benchmark, policy, budget, metric, value, x):
