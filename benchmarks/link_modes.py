@@ -3,17 +3,19 @@ link_modes [--quick]`.
 
 The hour of real footage and the plain-words questions of `benchmarks natural` (same seed, same schedule), tiny-vlm
 with `inf_mllm+recall` at budget 512, its clip turns stored with their inputs. At each question the model answers
-and that links a stored clip, the question is asked four times from the same cache, once per reuse mode (recall.py
+and that links a stored clip, the question is asked once per reuse mode from the same cache (recall.py
 `recompute_rows`): `full` (the stored KV as it is, MPIC's full reuse), `mpic` (each clip's text and first k visual
-tokens recomputed with the question, MPIC-k), `blend` (the 15% of its tokens whose KV moves most, CacheBlend-r) and
-`reencode` (every token recomputed: the ceiling). Each ask leaves with its answer (keep=False) and its linked block
-at the next ask, so the four start from the same state; their order turns from question to question.
+tokens recomputed with the question: MPIC-k, k = 8, the default; `mpic-0`, `mpic-4`: k = 0 and 4), `blend` (the 15%
+of its tokens whose KV moves most: CacheBlend-r) and `reencode` (every token recomputed: the ceiling). Each ask
+leaves with its answer (keep=False) and its linked block at the next ask, so all start from the same state; their
+order turns from question to question.
 
 Per mode: accuracy against the schedule's truth, how often the answer equals the re-encoded one, the first answer
 token's distribution against the re-encoded one (KL divergence, top-1 agreement), and time to first token (linking,
 recompute and prefill; medians, and the median of per-question ratios to full reuse and to re-encoding). `gap
 closed` is the share of full reuse's distance to re-encoding a mode removes (KL: 1 - KL_mode / KL_full; answers:
-(agree_mode - agree_full) / (1 - agree_full)). Writes `link_modes.json`.
+(agree_mode - agree_full) / (1 - agree_full); accuracy: (acc_mode - acc_full) / (acc_reencode - acc_full)).
+Writes `link_modes.json`.
 """
 
 import random
@@ -29,7 +31,7 @@ from models.tiny_vlm.model import TinyVLM
 from .common import print_table, record, write
 from .natural import BUDGET, CLIP_S, HOUR_CLIPS, PRESENT, compose, encode_pieces, pieces, plan_questions, right
 
-MODES = ("full", "mpic", "blend", "reencode")
+MODES = ("full", "mpic-0", "mpic-4", "mpic", "blend", "reencode")  # mpic-K: MPIC-k with k = K (mpic: the default)
 
 
 def ask_all(vlm, session, ask, reading, order_of_modes) -> dict | None:
@@ -37,7 +39,8 @@ def ask_all(vlm, session, ask, reading, order_of_modes) -> dict | None:
     base, out = session.recall, {}
     ids = vlm.question_turn(reading.text, session)
     for mode in order_of_modes:
-        session.recall = replace(base, reuse=mode)
+        reuse, _, k = mode.partition("-")
+        session.recall = replace(base, reuse=reuse, mpic_k=int(k) if k else base.mpic_k)
         t0 = time.perf_counter()
         logits = session.append_question(ids, named=reading.named, keep=False)
         ttft = time.perf_counter() - t0
@@ -90,17 +93,19 @@ def summarize(rows: list[dict]) -> list[dict]:
     recs = []
 
     def add(mode, metric, value, x):
-        recs.append(record("link_modes", f"inf_mllm+recall+{mode}" if mode != "full" else "inf_mllm+recall", BUDGET,
-                           metric, value, x))
+        reuse, _, k = mode.partition("-")
+        name = "inf_mllm+recall" + (f"+{reuse}" if reuse != "full" else "") + (f", k={k}" if k else "")
+        recs.append(record("link_modes", name, BUDGET, metric, value, x))
 
-    kl, agree = {}, {}
+    kl, agree, accuracy = {}, {}, {}
     for mode in MODES:
         ceiling = [r["reencode"]["logp"] for r in rows]
         mine = [r[mode]["logp"] for r in rows]
         kl[mode] = statistics.mean(float((c.exp() * (c - m)).sum()) for c, m in zip(ceiling, mine, strict=True))
         agree[mode] = statistics.mean(r[mode]["answer"] == r["reencode"]["answer"] for r in rows)
         add(mode, "questions", len(rows), "linking questions")
-        add(mode, "accuracy", statistics.mean(r[mode]["ok"] for r in rows), "linking questions")
+        accuracy[mode] = statistics.mean(r[mode]["ok"] for r in rows)
+        add(mode, "accuracy", accuracy[mode], "linking questions")
         add(mode, "rate", agree[mode], "answer equals re-encoding's")
         add(mode, "rate", statistics.mean(int(r[mode]["logp"].argmax() == r["reencode"]["logp"].argmax())
                                           for r in rows), "first token equals re-encoding's")
@@ -110,9 +115,12 @@ def summarize(rows: list[dict]) -> list[dict]:
             "time to first token / full reuse's, median")
         add(mode, "ratio", statistics.median(r[mode]["ttft_s"] / r["reencode"]["ttft_s"] for r in rows),
             "time to first token / re-encoding's, median")
-    for mode in ("mpic", "blend"):
+    for mode in [m for m in MODES if m not in ("full", "reencode")]:
         if kl["full"] > 0:
             add(mode, "ratio", 1 - kl[mode] / kl["full"], "gap closed (first-token KL)")
+        if accuracy["reencode"] > accuracy["full"]:
+            add(mode, "ratio", (accuracy[mode] - accuracy["full"]) / (accuracy["reencode"] - accuracy["full"]),
+                "gap closed (accuracy)")
         if agree["full"] < 1:
             add(mode, "ratio", (agree[mode] - agree["full"]) / (1 - agree["full"]), "gap closed (answers)")
     return recs
