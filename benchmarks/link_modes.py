@@ -5,7 +5,7 @@ The hour of real footage and the plain-words questions of `benchmarks natural` (
 with `inf_mllm+recall` at budget 512, its clip turns stored with their inputs. At each question the model answers
 and that links a stored clip, the question is asked once per reuse mode from the same cache (recall.py
 `recompute_rows`): `full` (the stored KV as it is, MPIC's full reuse), `mpic` (each clip's text and first k visual
-tokens recomputed with the question: MPIC-k, k = 8, the default; `mpic-0`, `mpic-4`: k = 0 and 4), `blend` (the 15%
+tokens recomputed with the question: MPIC-k, k = 4, the default; `mpic-0`, `mpic-8`: k = 0 and 8), `blend` (the 15%
 of its tokens whose KV moves most: CacheBlend-r) and `reencode` (every token recomputed: the ceiling). Each ask
 leaves with its answer (keep=False) and its linked block at the next ask, so all start from the same state; their
 order turns from question to question.
@@ -31,7 +31,7 @@ from models.tiny_vlm.model import TinyVLM
 from .common import print_table, record, write
 from .natural import BUDGET, CLIP_S, HOUR_CLIPS, PRESENT, compose, encode_pieces, pieces, plan_questions, right
 
-MODES = ("full", "mpic-0", "mpic-4", "mpic", "blend", "reencode")  # mpic-K: MPIC-k with k = K (mpic: the default)
+MODES = ("full", "mpic-0", "mpic", "mpic-8", "blend", "reencode")  # mpic-K: MPIC-k with k = K (mpic: the default, 4)
 
 
 def ask_all(vlm, session, ask, reading, order_of_modes) -> dict | None:

@@ -75,7 +75,10 @@ class Recall:
     window: int = 64  # turn queries observed to pick representatives (policies without a window of their own)
     resident: float = 0.5  # a span with at least this share of its tokens still cached is not recalled
     reuse: str = "full"  # one of REUSE_MODES
-    mpic_k: int = 8  # MPIC-k: the first visual tokens of a linked turn recomputed (a quarter of a tiny-vlm clip)
+    # MPIC-k: the first visual tokens of a linked turn recomputed besides its text; 4 by measurement (k = 0, 4, 8 close
+    # the same share of re-encoding's lead on tiny-vlm at 1.18x, 1.30x, 1.34x full reuse's time to first token:
+    # benchmarks/results/README.md, link_modes), keeping a few of the tokens the paper finds move the most
+    mpic_k: int = 4
     blend_r: float = 0.15  # CacheBlend-r: the share of linked tokens recomputed (CacheBlend's default 15%)
     seed: int = 0
     rng: random.Random = field(init=False, repr=False, compare=False)  # the random mode's draws
