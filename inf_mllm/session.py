@@ -176,8 +176,8 @@ class StreamSession:
             except BaseException:  # a turn that fails (out of memory, Ctrl-C) leaves the session as it was
                 self.cache.rollback(marks)
                 raise
-        kept = {}
-        if store and self.recall is not None and self.recall.reuse != "full":  # what a recompute starts from
+        kept = {}  # what a recompute starts from: the turn's inputs (none where features enter inside the decoder)
+        if store and self.recall is not None and self.recall.reuse != "full" and not forward_inputs:
             tokens = turn.tokens if turn.tokens.dim() == 3 else self.model.get_input_embeddings()(turn.tokens)
             held = turn.forward["held"]
             kept = {"inputs": tokens[0], "vision": None if vision is None else (vision[0] + held, vision[1] + held)}
