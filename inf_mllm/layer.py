@@ -76,7 +76,8 @@ class StreamingLayer(DynamicLayer):
     def _rewrite(self, forward, key_states, value_states):
         """The forward's first tokens are recomputed linked tokens (MPIC's selective attention: the stored block is
         the dummy cache their fresh K/V replace rows of): written over those rows, the rest left to append. A probe
-        keeps the cache as it was: the rows are replaced in a copy, which its attention reads (and `fresh` keeps)."""
+        keeps the cache as it was: the rows are replaced in a copy, which its attention reads (and `fresh` keeps); its
+        forward holds those rows alone."""
         s = forward.rewrite.numel()
         at = self.linked[0] + forward.rewrite
         k, v = key_states[:, :, :s], value_states[:, :, :s]

@@ -163,18 +163,28 @@ class StreamSession:
 
     def _prefill(self, input_ids, inputs_embeds, evict: bool, store: bool, meta: dict | None,
                  vision: tuple[int, int] | None = None, all_logits: bool = False,
-                 positions: TurnPositions | None = None, forward_inputs: dict | None = None) -> torch.Tensor:
+                 positions: TurnPositions | None = None, forward_inputs: dict | None = None,
+                 recompute: tuple | None = None) -> torch.Tensor:
+        """`recompute`: (rows of the linked block, their inputs) recomputed in front of the turn, in the same forward
+        (MPIC's one step: the linked block is its dummy cache); the logits returned are the turn's."""
         turn = self.turn_row(input_ids, inputs_embeds, vision, positions)
         kwargs = {"input_ids": turn.tokens} if turn.tokens.dim() == 2 else {"inputs_embeds": turn.tokens}
+        if recompute is not None:
+            rows, inputs = recompute
+            embedded = kwargs.pop("inputs_embeds", None)
+            embedded = self.model.get_input_embeddings()(turn.tokens) if embedded is None else embedded
+            kwargs = {"inputs_embeds": torch.cat([inputs.to(self.device, embedded.dtype)[None], embedded], dim=1),
+                      **self._selective(rows, turn.length)}
         kwargs["logits_to_keep"] = 0 if all_logits else 1  # 0: every position
         t0 = self._clock()
         marks = self.cache.mark()
         with self.cache.forward(turn.length, batch=self.batch, device=self.device, **turn.forward) as fwd:
+            fwd.rewrite = None if recompute is None else recompute[0].to(self.device)
             try:
                 out = self.model(**kwargs, **fwd.kwargs, **(forward_inputs or {}), past_key_values=self.cache,
                                  use_cache=True)
-            except BaseException:  # a turn that fails (out of memory, Ctrl-C) leaves the session as it was
-                self.cache.rollback(marks)
+            except BaseException:  # a turn that fails (out of memory, Ctrl-C) leaves the session as it was (a block's
+                self.cache.rollback(marks)  # rewritten rows leave with the block at the next turn)
                 raise
         kept = {}  # what a recompute starts from: the turn's inputs (none where features enter inside the decoder)
         if store and self.recall is not None and self.recall.reuse != "full" and not forward_inputs:
@@ -182,7 +192,7 @@ class StreamSession:
             held = turn.forward["held"]
             kept = {"inputs": tokens[0], "vision": None if vision is None else (vision[0] + held, vision[1] + held)}
         self.turn_done(out.logits[:, -1], turn.length, t0, evict, store, meta, **kept)
-        return out.logits
+        return out.logits[:, len(recompute[0]):] if recompute is not None and all_logits else out.logits
 
     def turn_row(self, input_ids, inputs_embeds, vision: tuple[int, int] | None = None,
                  positions: TurnPositions | None = None) -> Row:
@@ -237,11 +247,7 @@ class StreamSession:
         evicted for them), so an answer about one clip cannot sway the next question about another;
         policies that evict while decoding keep them."""
         question = self.begin_question(input_ids, probe_ids, named, oracle, keep)
-        if question.recompute is not None:
-            logits = self.prefill_recomputing(question, input_ids, all_logits)
-        else:
-            logits = self._prefill(input_ids, None, evict=question.evict, store=False, meta=None,
-                                   all_logits=all_logits)
+        logits = self.prefill_recomputing(question, input_ids, all_logits)
         self.question_done(question)
         return logits
 
@@ -305,25 +311,10 @@ class StreamSession:
 
     @torch.inference_mode()
     def prefill_recomputing(self, question: Question, input_ids: torch.Tensor, all_logits: bool = False):
-        """The question's prefill with the linked rows `question.recompute` names recomputed in the same forward,
-        in place of their stored K/V (MPIC's one step: the linked block is its dummy cache). Returns the question's
-        logits, as `append_question`'s. A recomputed row stays in the cache as recomputed until the block leaves."""
-        rows, inputs = question.recompute
-        turn = self.turn_row(input_ids, None)
-        embedded = self.model.get_input_embeddings()(turn.tokens)
-        x = torch.cat([inputs.to(self.device, embedded.dtype)[None], embedded], dim=1)
-        t0 = self._clock()
-        marks = self.cache.mark()
-        with self.cache.forward(turn.length, batch=self.batch, device=self.device, **turn.forward) as fwd:
-            fwd.rewrite = rows.to(self.device)
-            try:
-                out = self.model(inputs_embeds=x, **self._selective(rows, turn.length), **fwd.kwargs,
-                                 logits_to_keep=0 if all_logits else 1, past_key_values=self.cache, use_cache=True)
-            except BaseException:  # the question leaves the cache as it was (the block's rows may be rewritten)
-                self.cache.rollback(marks)
-                raise
-        self.turn_done(out.logits[:, -1], turn.length, t0, evict=question.evict, store=False)
-        return out.logits[:, len(rows):] if all_logits else out.logits
+        """The question's prefill, the linked rows `question.recompute` names (if any) recomputed in the same forward
+        in place of their stored K/V; a recomputed row stays so until the block leaves. Returns its logits."""
+        return self._prefill(input_ids, None, evict=question.evict, store=False, meta=None, all_logits=all_logits,
+                             recompute=question.recompute)
 
     def question_done(self, question: "Question") -> None:
         self._forget_at = question.forget_at
