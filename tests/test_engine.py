@@ -78,9 +78,10 @@ def test_100_engines_stopped_mid_stream_leave_no_thread_and_no_memory(vlm, monke
         late["encodes"] += stopped.is_set()  # begun after the stop
         return encode(*args)
 
-    def counted_append(*args, **kwargs):
-        late["appends"] += stopped.is_set()
-        return append(*args, **kwargs)
+    def counted_append(turn_session, *args, **kwargs):
+        # this test's session only: a thread another test left on the shared model must not count here
+        late["appends"] += stopped.is_set() and turn_session is session
+        return append(turn_session, *args, **kwargs)
 
     monkeypatch.setattr(vlm, "encode", counted_encode)
     monkeypatch.setattr(vlm, "append_clip", counted_append)
