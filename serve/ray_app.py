@@ -6,25 +6,31 @@ the header `serve_multiplexed_model_id: ID` (the Python client and `stream-qa --
 that serves a session tells the router so (`create_app(held=…)`). Session folders live on storage every replica
 reaches (`sessions`: a path; a mounted S3-compatible bucket works the same way, e.g. through s3fs or mountpoint):
 when a replica dies, the session's next request goes to another one, which continues it from its folder, as a
-restarted `python -m serve` does. A replica takes `max_sessions` sessions; past that the least recently used is
-closed (its folder kept, so its next request continues it wherever it lands).
+restarted `python -m serve` does. A new session goes to the replica holding the fewest (`FewestSessionsRouter`); a
+replica takes `max_sessions` (429 with Retry-After past that). With `max_replicas`, Ray Serve's autoscaling keeps as
+many replicas as the open sessions need (`SessionsPerReplica`).
 
 `serve run serve/ray_config.yaml` (one machine), or `serve deploy serve/ray_config.yaml` on a running cluster; a
 test or a script calls `build({...})` and `serve.run` it.
 """
 
+import math
+import time
 from pathlib import Path
 
 from ray import serve
+from ray.serve.request_router import FIFOMixin, MultiplexMixin, RequestRouter
 
 from .api import create_app
 from .limits import ServerConfig
+
+DEPLOYMENT_ARGS = ("replicas", "max_replicas", "replica_cpus", "downscale_delay_s")
 
 
 def server_config(args: dict) -> ServerConfig:
     """A `ServerConfig` from the deployment's arguments (strings as a YAML file or `serve run k=v` gives them)."""
     known = set(ServerConfig.__dataclass_fields__)
-    unknown = set(args) - known - {"replicas", "max_replicas", "replica_cpus"}
+    unknown = set(args) - known - set(DEPLOYMENT_ARGS)
     if unknown:
         raise ValueError(f"unknown server settings: {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
     out = {}
@@ -73,19 +79,73 @@ class StreamServer:
     async def hold(self, session_id: str) -> _Held:
         return _Held(self.api.state.sessions, session_id)
 
+    def held(self) -> dict[str, float]:
+        """The sessions this replica holds or is opening: what the router and the autoscaler count."""
+        api = getattr(self, "api", None)
+        return {"sessions": float(api.state.sessions.count()) if api is not None else 0.0}
+
+    record_autoscaling_stats = record_routing_stats = held
+
+
+class FewestSessionsRouter(FIFOMixin, MultiplexMixin, RequestRouter):
+    """A session's requests go to the replica holding it (multiplexing on its id); anything else, a new session
+    above all, to the replica holding the fewest. Replicas report their count every `STATS_S`; a session this router
+    sent somewhere in the last `RECENT_S` counts there already, so opens in quick succession spread out."""
+
+    STATS_S, RECENT_S = 0.5, 1.5
+
+    def initialize_state(self, **kwargs):
+        self.sent: dict = {}  # replica id -> times this router sent it a request outside any session
+
+    async def choose_replicas(self, candidate_replicas, pending_request=None):
+        if pending_request is not None and pending_request.metadata.multiplexed_model_id:
+            ids = self.apply_multiplex_routing(pending_request=pending_request)
+            return [[r for r in candidate_replicas if r.replica_id in ids]]
+        now = time.monotonic()
+
+        def load(replica):
+            recent = [t for t in self.sent.get(replica.replica_id, []) if now - t < self.RECENT_S]
+            self.sent[replica.replica_id] = recent
+            return (replica.routing_stats or {}).get("sessions", 0) + len(recent)
+
+        return [[r] for r in sorted(candidate_replicas, key=load)]
+
+    def on_request_routed(self, pending_request, replica_id, result):
+        if not pending_request.metadata.multiplexed_model_id:
+            self.sent.setdefault(replica_id, []).append(time.monotonic())
+
+
+class SessionsPerReplica:
+    """Ray Serve's autoscaling policy for this deployment: as many replicas as the open sessions need, with room for
+    one more. A session is a long-lived thing with a bounded cache, not a request: the default policy follows requests
+    in flight, so a replica full of sessions that are playing and not being asked looks idle to it, and one whose
+    sessions are all asked at once looks like four replicas' worth."""
+
+    def __init__(self, sessions_per_replica: int):
+        self.per_replica = max(1, int(sessions_per_replica))
+
+    def __call__(self, ctx) -> tuple[int, dict]:
+        held = sum((ctx.aggregated_metrics or {}).get("sessions", {}).values())
+        return math.ceil((round(held) + 1) / self.per_replica), ctx.policy_state
+
 
 def build(args: dict):
-    """The application `serve run` starts: `replicas` fixed (default 2), or autoscaled up to `max_replicas` on the
-    requests in flight (a question's answer streams for its whole length, so sessions being asked are what
-    scales it)."""
+    """The application `serve run` starts: `replicas` fixed (default 2), or, with `max_replicas`, from `replicas` up
+    to `max_replicas` on the sessions open (`SessionsPerReplica`, each replica taking `max_sessions`); a replica
+    with no session left goes after `downscale_delay_s` (default 60)."""
     args = dict(args)
     replicas, most = int(args.pop("replicas", 2)), args.pop("max_replicas", None)
     cpus = float(args.pop("replica_cpus", 1))  # Ray gives a replica's torch this many threads
-    server_config(args)  # a bad setting fails here, in one line, before any replica starts
-    options = {"ray_actor_options": {"num_cpus": cpus}}
+    downscale_s = float(args.pop("downscale_delay_s", 60))
+    config = server_config(args)  # a bad setting fails here, in one line, before any replica starts
+    options = {"ray_actor_options": {"num_cpus": cpus}, "request_router_config": {
+        "request_router_class": FewestSessionsRouter, "request_routing_stats_period_s": FewestSessionsRouter.STATS_S}}
     if most is not None:
         options |= {"num_replicas": "auto", "autoscaling_config": {
-            "min_replicas": replicas, "max_replicas": int(most), "target_ongoing_requests": 4}}
+            "min_replicas": replicas, "max_replicas": int(most), "upscale_delay_s": 0.5,
+            "downscale_delay_s": downscale_s, "metrics_interval_s": 0.5, "look_back_period_s": 1.0,
+            "policy": {"policy_function": SessionsPerReplica,
+                       "policy_kwargs": {"sessions_per_replica": config.max_sessions}}}}
     else:
         options["num_replicas"] = replicas
     return StreamServer.options(**options).bind(args)

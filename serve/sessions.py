@@ -80,6 +80,11 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._open)
 
+    def count(self) -> int:
+        """Sessions held and being opened."""
+        with self._lock:
+            return len(self._open) + self._opening
+
     def all(self) -> list[Hosted]:
         with self._lock:
             return list(self._open.values())
