@@ -209,25 +209,32 @@ class SessionPool:
     # --- the pool's thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._gather()
-                if self._closed:
-                    self._fail_all(RuntimeError("the session pool is closed"))
-                    return
-                questions = list(self._questions)  # emptied in place: a caller may hold the list to append to
-                self._questions.clear()
-                job = self._jobs.popleft() if self._jobs else None
-                wanting = [a for a in self._answers if a.wants]
-                for answer in wanting:
-                    answer.wants = False
-            with torch.inference_mode():
-                if questions:
-                    self._prefill(questions)
-                if wanting:
-                    self._step(wanting)
-                if job is not None:
-                    self._job(*job)
+        while self._serve_next():
+            pass
+
+    def _serve_next(self) -> bool:
+        """One round of the work waiting; False once the pool is closed. A frame of its own: what a round handled
+        dies with it, where a finished answer left in `_run`'s locals kept its session and cache alive while the
+        thread waited for the next round (after the session's close, until another stream asked)."""
+        with self._cond:
+            self._gather()
+            if self._closed:
+                self._fail_all(RuntimeError("the session pool is closed"))
+                return False
+            questions = list(self._questions)  # emptied in place: a caller may hold the list to append to
+            self._questions.clear()
+            job = self._jobs.popleft() if self._jobs else None
+            wanting = [a for a in self._answers if a.wants]
+            for answer in wanting:
+                answer.wants = False
+        with torch.inference_mode():
+            if questions:
+                self._prefill(questions)
+            if wanting:
+                self._step(wanting)
+            if job is not None:
+                self._job(*job)
+        return True
 
     def _gather(self) -> None:
         """Wait (under the lock) for work. Work that arrives together is batched: once one answer wants its next
@@ -437,3 +444,4 @@ class PooledSession:
 
     def close(self) -> None:
         self.pool.release(self.session)
+        self.session.cache.release()

@@ -13,6 +13,7 @@ from urllib.parse import urlparse
 from inf_mllm.pool import PoolFull
 from streaming.errors import ConfigError
 from streaming.hosted import BadInput, HostedSession, Settings
+from streaming.memory import trim_heap
 from streaming.pushed import PushedFrames
 from streaming.session_dir import SETTINGS, SessionDir
 from streaming.sources import SourceError, open_source
@@ -199,6 +200,7 @@ class Sessions:
         if final and self.config.sessions is not None:
             (self.config.sessions / session_id / CLOSED).touch()
         hosted.live.close()
+        trim_heap()  # the session's cache is freed: give its pages back, or each session closed leaves RSS behind
         return hosted
 
     def idle(self) -> list[str]:

@@ -130,6 +130,33 @@ def test_rows_join_and_leave_between_decode_steps(smol):
     assert len(got_a[0]) == 7 and len(got_b[0]) == 12
 
 
+def test_a_closed_stream_frees_its_cache_at_once_while_the_pool_waits(smol):
+    """Closing a pooled stream frees its K/V when it closes, with the garbage collector off: nothing the pool's
+    thread handled keeps it (it used to, until another stream asked), and the cache's own cycles (layers, their
+    positions and statistics) do not wait for a full collection (a server's RSS grew by a cache per session)."""
+    import gc
+    import weakref
+
+    model, tok = smol
+    pool = SessionPool(model, tok)
+    gc.disable()
+    try:
+        other, session = pool.open("inf_mllm", budget=256), pool.open("inf_mllm", budget=256)
+        for turn in turns(3):
+            session.append(turn)
+        session.answer("What happened next?", max_new_tokens=4)
+        buffers = [weakref.ref(t) for k, v in session.cache.buffers() for t in (k, v)]
+        assert buffers and all(ref() is not None for ref in buffers)
+        session.close()
+        assert all(ref() is None for ref in buffers)
+        for turn in turns(4):  # the pool goes on for the others
+            other.append(turn)
+        assert other.answer("And then?", max_new_tokens=4)
+    finally:
+        gc.enable()
+        pool.close()
+
+
 def test_a_fault_in_one_streams_cache_leaves_the_others_answering(smol):
     """A fake fault (an update of one stream's layer raising, as a device error would) reaches that stream only;
     its cache is as it was, and the next question works."""
