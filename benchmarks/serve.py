@@ -8,10 +8,11 @@ sessions in the same state, so each embedded answer has an in-process twin. Per 
 first token and to its whole answer (p50, p95, measured by the asker), questions answered per second (over the
 time the rounds took), and the server's added time per question: the median of embedded minus its twin.
 
-load: a server holding `CAPACITY` sessions, 2 x `CAPACITY` clients at once, two waves: each opens a session
+load: a server holding `CAPACITY` sessions, 2 x `CAPACITY` clients at once, in `WAVES` waves: each opens a session
 (201, or 429 and stops), pushes the clip's frames as JPEG, asks three questions, ends and closes. Counted: every
 request's status (answered, refused with 429, server errors), the most KV tokens any session held, and the server's
-RSS after each wave (flat: the second wave's sessions live in the first one's memory).
+RSS after each wave and its growth per wave after the first (a least-squares slope; flat: each wave's sessions live
+in the memory the ones before them gave back).
 """
 
 import contextlib
@@ -30,6 +31,7 @@ from .common import print_table, record, write
 BUDGET = 256
 QUESTIONS = ["what is on screen?", "is there a bicycle now?", "did you see a person?", "is there a car?"]
 CAPACITY = 4
+WAVES = 8
 SSE_BATCH_MS = 50  # Ray's tokens after an answer's first go out in chunks of 50 ms (serve/ray_config.yaml's setting)
 
 
@@ -56,7 +58,7 @@ def run(args):
         records += failover(Path(tmp) / "ray", ray_url, tries=1 if args.quick else 3)
     with tempfile.TemporaryDirectory() as tmp:
         with serving(Path(tmp), token=None, max_sessions=CAPACITY, max_questions=64) as (url, _, process):
-            records += load(url, process.pid, clients=2 * CAPACITY, waves=1 if args.quick else 2)
+            records += load(url, process.pid, clients=2 * CAPACITY, waves=2 if args.quick else WAVES)
     print_table(records, sorted({r["metric"] for r in records}))
     write(args.out, "serve", records, ["answer_s", "ttft_s"], x_label="sessions")
 
@@ -262,4 +264,7 @@ def load(url: str, pid: int, clients: int, waves: int, headers: dict | None = No
            record("serve", "load", BUDGET, "kv_tokens", kv_max[0], clients),
            record("serve", "load", BUDGET, "wall_s", round(wall, 2), clients)]
     out += [record("serve", f"load wave {i + 1}", BUDGET, "rss_mb", round(m, 1), clients) for i, m in enumerate(rss)]
+    if len(rss) >= 3:
+        slope = statistics.linear_regression(range(len(rss) - 1), rss[1:]).slope
+        out.append(record("serve", "load after wave 1", BUDGET, "rss_slope_mb_per_round", round(slope, 2), clients))
     return out
