@@ -79,12 +79,12 @@ class StreamServer:
     async def hold(self, session_id: str) -> _Held:
         return _Held(self.api.state.sessions, session_id)
 
-    def held(self) -> dict[str, float]:
+    def sessions_held(self) -> dict[str, float]:
         """The sessions this replica holds or is opening: what the router and the autoscaler count."""
         api = getattr(self, "api", None)
         return {"sessions": float(api.state.sessions.count()) if api is not None else 0.0}
 
-    record_autoscaling_stats = record_routing_stats = held
+    record_autoscaling_stats = record_routing_stats = sessions_held
 
 
 class FewestSessionsRouter(FIFOMixin, MultiplexMixin, RequestRouter):
@@ -100,7 +100,8 @@ class FewestSessionsRouter(FIFOMixin, MultiplexMixin, RequestRouter):
     async def choose_replicas(self, candidate_replicas, pending_request=None):
         if pending_request is not None and pending_request.metadata.multiplexed_model_id:
             ids = self.apply_multiplex_routing(pending_request=pending_request)
-            return [[r for r in candidate_replicas if r.replica_id in ids]]
+            holding = [r for r in candidate_replicas if r.replica_id in ids]
+            return [holding] if holding else []
         now = time.monotonic()
 
         def load(replica):
@@ -118,8 +119,8 @@ class FewestSessionsRouter(FIFOMixin, MultiplexMixin, RequestRouter):
 class SessionsPerReplica:
     """Ray Serve's autoscaling policy for this deployment: as many replicas as the open sessions need, with room for
     one more. A session is a long-lived thing with a bounded cache, not a request: the default policy follows requests
-    in flight, so a replica full of sessions that are playing and not being asked looks idle to it, and one whose
-    sessions are all asked at once looks like four replicas' worth."""
+    in flight, so a replica full of sessions that are playing and not being asked looks idle to it, and new sessions
+    find no room while it waits for questions."""
 
     def __init__(self, sessions_per_replica: int):
         self.per_replica = max(1, int(sessions_per_replica))
