@@ -43,7 +43,7 @@ def run(args):
     records = []
     with tempfile.TemporaryDirectory() as tmp, \
             serving(Path(tmp) / "a", token=None, max_sessions=16, max_questions=64) as (url, media, _), \
-            ray_serving(Path(tmp) / "ray", media) as ray_url:
+            ray_app(Path(tmp) / "ray", media) as ray_url:
         for n in tqdm(counts, desc="sessions"):
             result = paired(media / "bikes.mp4", {"embedded": url, "ray": ray_url}, n, rounds)
             for mode, r in result.items():
@@ -64,26 +64,15 @@ def run(args):
 
 
 @contextlib.contextmanager
-def ray_serving(folders: Path, media: Path):
+def ray_app(folders: Path, media: Path):
     """A local Ray cluster (this machine's cores) with the deployment of serve/ray_app.py: one replica with both
-    cores for the latency rounds, as the embedded server has them; its URL."""
-    import ray
-    from ray import serve
+    cores for the latency rounds, as the embedded server has them; yields its URL."""
+    from serve.ray_app import local_cluster
 
-    from jetson.reliability.server import free_port
-    from serve.ray_app import build
-
-    port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build({"replicas": 1, "replica_cpus": 2, "sessions": str(folders), "media": str(media),
-                         "max_sessions": 16, "max_questions": 64, "sse_batch_ms": SSE_BATCH_MS}),
-                  name="stream-qa", route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    app = {"replicas": 1, "replica_cpus": 2, "sessions": str(folders), "media": str(media), "max_sessions": 16,
+           "max_questions": 64, "sse_batch_ms": SSE_BATCH_MS}
+    with local_cluster(app) as (*_, url):
+        yield url
 
 
 def failover(folders: Path, url: str, tries: int) -> list[dict]:

@@ -14,7 +14,9 @@ many replicas as the open sessions need (`SessionsPerReplica`).
 test or a script calls `build({...})` and `serve.run` it.
 """
 
+import contextlib
 import math
+import socket
 import time
 from pathlib import Path
 
@@ -150,3 +152,22 @@ def build(args: dict):
     else:
         options["num_replicas"] = replicas
     return StreamServer.options(**options).bind(args)
+
+
+@contextlib.contextmanager
+def local_cluster(app: dict, name: str = "stream-qa"):
+    """A local Ray cluster of this machine's 2 cores serving the deployment `build(app)` on a free loopback port
+    (tests, benchmarks); yields (ray, Ray's serve module, url)."""
+    import ray
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build(app), name=name, route_prefix="/")
+        yield ray, serve, f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()

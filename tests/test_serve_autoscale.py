@@ -5,7 +5,6 @@ import time
 
 import pytest
 
-from jetson.reliability.server import free_port
 from streaming.remote import Client
 from streaming.sources import FileSource, bundled_clip
 
@@ -14,21 +13,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def autoscaled(tmp_path_factory):
-    ray = pytest.importorskip("ray")
-    from ray import serve
+    pytest.importorskip("ray")
+    from serve.ray_app import local_cluster
 
-    from serve.ray_app import build
-
-    port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(build({"replicas": 1, "max_replicas": 2, "max_sessions": 2, "downscale_delay_s": 2,
-                         "sessions": str(tmp_path_factory.mktemp("sessions"))}), name="auto", route_prefix="/")
-        yield serve, f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    app = {"replicas": 1, "max_replicas": 2, "max_sessions": 2, "downscale_delay_s": 2,
+           "sessions": str(tmp_path_factory.mktemp("sessions"))}
+    with local_cluster(app, name="auto") as (_, serve, url):
+        yield serve, url
 
 
 def running(serve) -> int:

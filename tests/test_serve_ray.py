@@ -7,7 +7,6 @@ import time
 
 import pytest
 
-from jetson.reliability.server import free_port
 from streaming.remote import Client, RemoteError
 from streaming.sources import FileSource, bundled_clip
 
@@ -16,22 +15,13 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    ray = pytest.importorskip("ray")
-    from ray import serve
+    pytest.importorskip("ray")
+    from serve.ray_app import local_cluster
 
-    from serve.ray_app import build
-
-    port = free_port()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        folders = tmp_path_factory.mktemp("sessions")
-        serve.run(build({"replicas": 2, "sessions": str(folders), "max_sessions": 4, "sse_batch_ms": 50}),
-                  name="stream-qa", route_prefix="/")
-        yield ray, f"http://127.0.0.1:{port}", folders
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    folders = tmp_path_factory.mktemp("sessions")
+    app = {"replicas": 2, "sessions": str(folders), "max_sessions": 4, "sse_batch_ms": 50}
+    with local_cluster(app) as (ray, _, url):
+        yield ray, url, folders
 
 
 def on_disk(folder) -> set[int]:
