@@ -192,7 +192,7 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz():
-        return {"ok": True, "sessions": len(sessions), "models": MODELS}
+        return {"ok": True, "sessions": len(sessions), "models": MODELS, "replica": config.replica}
 
     @app.get("/metrics", dependencies=v1)
     async def prometheus():
