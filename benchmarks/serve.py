@@ -43,7 +43,7 @@ def run(args):
     records = []
     with tempfile.TemporaryDirectory() as tmp, \
             serving(Path(tmp) / "a", token=None, max_sessions=16, max_questions=64) as (url, media, _), \
-            ray_app(Path(tmp) / "ray", media) as ray_url:
+            ray_serving(Path(tmp) / "ray", media) as ray_url:
         for n in tqdm(counts, desc="sessions"):
             result = paired(media / "bikes.mp4", {"embedded": url, "ray": ray_url}, n, rounds)
             for mode, r in result.items():
@@ -64,7 +64,7 @@ def run(args):
 
 
 @contextlib.contextmanager
-def ray_app(folders: Path, media: Path):
+def ray_serving(folders: Path, media: Path):
     """A local Ray cluster (this machine's cores) with the deployment of serve/ray_app.py: one replica with both
     cores for the latency rounds, as the embedded server has them; yields its URL."""
     from serve.ray_app import local_cluster

@@ -209,8 +209,9 @@ class SessionPool:
     # --- the pool's thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
-        while self._serve_next():
-            pass
+        running = True
+        while running:
+            running = self._serve_next()
 
     def _serve_next(self) -> bool:
         """One round of the work waiting; False once the pool is closed. A frame of its own: what a round handled
