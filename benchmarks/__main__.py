@@ -5,8 +5,9 @@ hf_models (transformers' video LLMs on the bounded cache, per family on a tiny r
 (transformers' own caches, eager and compiled, as the decode reference), sdpa_backends (a GPU diagnostic), fingerprint
 (what every policy path answers and keeps, to prove a change kept behaviour) and recall_path (recall's bookkeeping on
 the model's thread at 1,000 stored spans), streams (many streams on one model: the session pool against one
-lock), link_modes (a linked clip's KV reused, partly recomputed or re-encoded, on the same questions). latency,
-hf_models, compiled_decode and sdpa_backends take `--shape` (a randomly initialised 7B-sized model) and `--device`."""
+lock), link_modes (a linked clip's KV reused, partly recomputed or re-encoded, on the same questions), link_time
+(what linking costs per reuse mode as a clip's visual tokens grow). latency, hf_models, compiled_decode, sdpa_backends,
+streams and link_time take `--shape` (a randomly initialised 7B-sized model) and `--device`."""
 
 import argparse
 import importlib
@@ -15,7 +16,7 @@ import sys
 
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
          "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural", "fingerprint",
-         "recall_path", "streams", "serve", "hf_template", "link_modes")
+         "recall_path", "streams", "serve", "hf_template", "link_modes", "link_time")
 
 
 def main(argv=None) -> int:
@@ -36,7 +37,8 @@ def main(argv=None) -> int:
                         "speed and memory only (latency, compiled_decode, sdpa_backends: vicuna-7b, llama-2-7b-32k; "
                         "hf_models: 7b)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    parser.add_argument("--rounds", type=int, help="latency: timed rounds per state (default 9; 3 with --quick)")
+    parser.add_argument("--rounds", type=int, help="latency: timed rounds per state (default 9; 3 with --quick); "
+                        "link_time: timed questions per clip size (default 9)")
     parser.add_argument("--old-tree", help="prefill, recall_path: also time the checkout in this folder (e.g. `git "
                         "worktree add DIR 57ad80a`, the commit before issue 23) in its own process, turn by turn with "
                         "the rest; fingerprint: compare this checkout's fingerprints with that one's")

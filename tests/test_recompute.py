@@ -166,3 +166,13 @@ def test_a_pooled_stream_recomputes_its_linked_turns_as_it_would_alone(smol):
     finally:
         pool.close()
     assert pooled[1:] == alone[1:] and (pooled[0] - alone[0]).abs().max() <= 1e-5
+
+
+def test_the_link_time_benchmark_asks_every_mode_about_an_evicted_clip_it_links(smol):
+    """`python -m benchmarks link_time` times only questions whose named clip was evicted and linked back in every
+    mode: at tiny-vlm's turn layout on the real SmolLM2, each timed question linked exactly its clip, every time."""
+    from benchmarks.link_time import MODES, time_modes
+
+    rows = time_modes(smol[0], 24, asks=2, device="cpu")
+    assert len(rows) == 2
+    assert all(r[mode]["linked"] == 1 and r[mode]["ttft_s"] > 0 for r in rows for mode in MODES)
