@@ -17,6 +17,8 @@ import math
 import sys
 from pathlib import Path
 
+from tqdm import tqdm
+
 from inf_mllm.spec import parse_budget
 from streaming.budgets import auto_budget_for
 from streaming.checks import check_budget
@@ -30,9 +32,10 @@ from .tegrastats import Tegrastats
 
 
 def soak_one(adapter, video, policy: str, budget, rounds: int | None, duration_s: float | None, args, log,
-             cap_bytes: int | None = None, options: dict | None = None) -> dict:
+             cap_bytes: int | None = None, options: dict | None = None, on_clip=None) -> dict:
     """One soak of `policy` on a looped `video`; every sample goes to `log` (one JSON object per line).
-    `options` are the policy's (default: `policy_options` without a window or bias of its own)."""
+    `options` are the policy's (default: `policy_options` without a window or bias of its own); `on_clip` is
+    called after each clip turn (the progress bar)."""
     from streaming.engine import TurnEngine  # loads torch: this module stays light until the arguments are checked
 
     options = policy_options(policy, budget) if options is None else options
@@ -46,11 +49,11 @@ def soak_one(adapter, video, policy: str, budget, rounds: int | None, duration_s
     with Tegrastats(interval_ms=int(args.sample_s * 1000)) as teg:
         return run_soak(engine, session, source, schedule, log, rounds=rounds, duration_s=duration_s,
                         sample_s=args.sample_s, device=args.device, label=label, cap_bytes=cap_bytes,
-                        extra=lambda: {"tegrastats": teg.latest} if teg.latest else {})
+                        extra=lambda: {"tegrastats": teg.latest} if teg.latest else {}, on_clip=on_clip)
 
 
 def soak_streams(adapter, video, policy: str, budget, rounds: int | None, duration_s: float | None, args, log,
-                 options: dict, streams: int) -> list[dict]:
+                 options: dict, streams: int, on_clip=None) -> list[dict]:
     """`streams` copies of the looped video, each its own session on one session pool (inf_mllm/pool.py), soaked
     together as `soak_one` soaks one: one run per stream (labelled "POLICY stream N"), each sample with that
     stream's KV beside the process's memory. Ctrl-C stops every stream and keeps what each sampled."""
@@ -78,7 +81,7 @@ def soak_streams(adapter, video, policy: str, budget, rounds: int | None, durati
                     runs[i] = run_soak(engine, session, FileSource(video, fps=args.fps, realtime=False, loops=loops),
                                        EveryKRounds(args.question_every, args.clip_seconds), log, rounds=rounds,
                                        duration_s=duration_s, sample_s=args.sample_s, device=args.device,
-                                       label=f"{policy} stream {i + 1}",
+                                       label=f"{policy} stream {i + 1}", on_clip=on_clip,
                                        extra=lambda: {"tegrastats": teg.latest} if teg.latest else {})
                 except BaseException as err:  # noqa: BLE001 (raised on the main thread)
                     errors.append(err)
@@ -190,10 +193,21 @@ def run(args) -> int:
             many = f"{args.streams} streams of " if args.streams > 1 else ""
             print(f"soak: {many}{policy}{' (capped)' if cap else ''} on {video.name}, "
                   f"{args.rounds or ''}{' rounds' if args.rounds else args.duration}…", file=sys.stderr)
-            if args.streams > 1:
-                done = soak_streams(adapter, video, policy, b, args.rounds, duration, args, log, options, args.streams)
-            else:
-                done = [soak_one(adapter, video, policy, b, args.rounds, duration, args, log, cap, options)]
+            bar = tqdm(total=args.rounds * args.streams if args.rounds else None, unit="clip", file=sys.stderr,
+                       desc="soak" if args.streams == 1 else f"soak, {args.streams} streams", disable=None)
+
+            def step(clip, bar=bar):  # each clip turn of any stream
+                bar.update(1)
+
+            try:
+                if args.streams > 1:
+                    done = soak_streams(adapter, video, policy, b, args.rounds, duration, args, log, options,
+                                        args.streams, on_clip=step)
+                else:
+                    done = [soak_one(adapter, video, policy, b, args.rounds, duration, args, log, cap, options,
+                                     on_clip=step)]
+            finally:
+                bar.close()
             for r in done:
                 v = verdict(r, args)
                 print(describe(v), flush=True)

@@ -224,7 +224,8 @@ def test_soak_stays_within_budget_and_keeps_every_sample(vlm, tmp_path):
 
 def test_a_soak_of_two_streams_keeps_each_streams_kv_flat(vlm, tmp_path):
     """`--streams 2`: two copies of a looped video on one session pool, soaked together; each stream has its own
-    run, its KV within budget + one turn + one answer, every answer given."""
+    run, its KV within budget + one turn + one answer, every answer given; the progress bar's callback sees every
+    clip turn of both."""
     from jetson.reliability import write_video
     from jetson.soak import soak_streams
 
@@ -232,7 +233,10 @@ def test_a_soak_of_two_streams_keeps_each_streams_kv_flat(vlm, tmp_path):
     args = Namespace(fps=1.0, clip_seconds=1.0, max_new_tokens=2, question_every=5, sample_s=0.0, device="cpu",
                      warmup=0.2)
     with open(tmp_path / "soak.jsonl", "w") as log:
-        runs = soak_streams(vlm, video, "inf_mllm", 64, 16, None, args, log, {"window": 16}, streams=2)
+        clips = []
+        runs = soak_streams(vlm, video, "inf_mllm", 64, 16, None, args, log, {"window": 16}, streams=2,
+                            on_clip=lambda clip: clips.append(clip.index))
+    assert sorted(clips) == sorted(list(range(1, 17)) * 2)
     rows = [json.loads(line) for line in (tmp_path / "soak.jsonl").read_text().splitlines()]
     assert sorted(r["policy"] for r in runs) == ["inf_mllm stream 1", "inf_mllm stream 2"]
     for run in runs:
