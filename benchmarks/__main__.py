@@ -34,8 +34,8 @@ def main(argv=None) -> int:
                         help="stream_ppl: continue the run stopped in --out (checkpoints every 64K tokens); "
                              "arena: skip the runs already in --out/arena.json")
     parser.add_argument("--shape", help="a randomly initialised 7B-sized model instead of the small real one, for "
-                        "speed and memory only (latency, compiled_decode, sdpa_backends: vicuna-7b, llama-2-7b-32k; "
-                        "hf_models: 7b)")
+                        "speed and memory only (latency, compiled_decode, sdpa_backends, streams, link_time: "
+                        "vicuna-7b, llama-2-7b-32k, or llama-tiny for a GPU script's dry run on a CPU; hf_models: 7b)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--rounds", type=int, help="latency: timed rounds per state (default 9; 3 with --quick); "
                         "link_time: timed questions per clip size (default 9)")
