@@ -1,14 +1,15 @@
-"""Many streams on one model (issue 46): the session pool against the same streams run one after another through
-one lock, as the app served them before it, in the same run.
+"""Many streams on one model (issue 46): the session pool against the same streams run one after another through one
+lock, as the app served them before it, in the same run.
 
-decode: SmolLM2-135M (fp32), `inf_mllm` at budget 1,024, N = 1, 2, 4, 8 streams, each its own session filled
-past its budget with its own stretch of the Gutenberg corpus. Every round all N streams ask at once (a plain
-question, then 32 answer tokens, no end token). Pool: one thread per stream on a `SessionPool` (questions
-prefilled together, decode steps batched). Lock: the same questions answered one stream after another on lone
-sessions. Per mode and N: aggregate decode tokens/s (tokens after each stream's first, over the time from the last
-first token to the last token; for the lock, over the sum of the streams' decode times), time to first token
-p50/p95 over every stream and round (from the moment all asked), the pool's decode step beside its bandwidth
-floor ((weights + N x the streams' KV bytes) / the read bandwidth measured here), and memory per stream.
+decode: SmolLM2-135M (fp32), `inf_mllm` at budget 1,024, N = 1, 2, 4, 8 streams, each its own session filled past its
+budget with its own stretch of the Gutenberg corpus. Every round all N streams ask at once (a plain question, then 32
+answer tokens, no end token). Pool: one thread per stream on a `SessionPool` (questions prefilled together, decode steps
+batched). Lock: the same questions answered one stream after another on lone sessions (their own copies of the same
+streams). The two modes alternate round by round, which goes first turning, so a machine whose speed drifts during the
+run slows both alike. Per mode and N: aggregate decode tokens/s (tokens after each stream's first, over the time from
+the last first token to the last token; for the lock, over the sum of the streams' decode times), time to first token
+p50/p95 over every stream and round (from the moment all asked), the pool's decode step beside its bandwidth floor
+((weights + N x the streams' KV bytes) / the read bandwidth measured here), and memory per stream.
 
 ingest: tiny-vlm, 4 streams of the bundled clip (looped to a minute) played at real time at 1 fps through the turn
 engine on one pool, each asking a plain question every 10 s of video: each stream's ingest speed (x real time),
@@ -60,8 +61,7 @@ def run(args):
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     records = []
     for n in tqdm(counts, desc="streams"):
-        for mode in ("lock", "pool"):
-            result = decode_round(model, tok, n, mode, rounds)
+        for mode, result in decode_rounds(model, tok, n, rounds).items():
             floor_ms = (weights + n * result["kv_bytes"]) / bandwidth * 1e3
             for metric, value in [("tokens_per_s", result["aggregate"]),
                                   ("ttft_s", result["ttft_p50"]), ("ttft_p95_s", result["ttft_p95"]),
@@ -225,29 +225,34 @@ def filled_sessions(model, tok, n: int) -> list[StreamSession]:
     return sessions
 
 
-def decode_round(model, tok, n: int, mode: str, rounds: int) -> dict:
-    sessions = filled_sessions(model, tok, n)
-    pool = SessionPool(model, tok) if mode == "pool" else None
-    streams = [pool.admit(s) for s in sessions] if pool else sessions
-    bound = pool.bound(sessions[0]) if pool else 0
-    ttfts, decode_tokens, decode_s, steps = [], 0, 0.0, []
+def decode_rounds(model, tok, n: int, rounds: int) -> dict[str, dict]:
+    """The same N streams' rounds through the lock and through the pool, the two modes alternating round by round
+    (which goes first turning too), so a machine whose speed drifts over the run slows both alike."""
+    sessions = {"lock": filled_sessions(model, tok, n), "pool": filled_sessions(model, tok, n)}
+    pool = SessionPool(model, tok)
+    streams = {"lock": sessions["lock"], "pool": [pool.admit(s) for s in sessions["pool"]]}
+    seen = {mode: {"ttfts": [], "tokens": 0, "decode_s": 0.0, "steps": []} for mode in streams}
     for r in range(rounds):
         asks = [tok(QUESTIONS[(i + r) % len(QUESTIONS)], return_tensors="pt").input_ids for i in range(n)]
-        firsts, lasts = ask_together(streams, asks, together=pool is not None)
-        if pool:
-            span = max(lasts) - max(firsts)
-        else:
-            span = sum(last - first for first, last in zip(firsts, lasts, strict=True))
-        ttfts += firsts
-        decode_tokens += n * (ANSWER - 1)
-        decode_s += span
-        steps.append(span / (ANSWER - 1) * 1e3)  # pool: one batched step per answer token
-    if pool:
-        pool.close()
-    return {"aggregate": decode_tokens / decode_s, "ttft_p50": statistics.median(ttfts),
-            "ttft_p95": p95(ttfts),
-            "step_ms": statistics.median(steps) if pool else decode_s / decode_tokens * 1e3,
-            "kv_bytes": statistics.mean(s.kv_bytes for s in sessions), "bound": bound}
+        for mode in ("lock", "pool") if r % 2 == 0 else ("pool", "lock"):
+            firsts, lasts = ask_together(streams[mode], asks, together=mode == "pool")
+            if mode == "pool":
+                span = max(lasts) - max(firsts)
+            else:
+                span = sum(last - first for first, last in zip(firsts, lasts, strict=True))
+            own = seen[mode]
+            own["ttfts"] += firsts
+            own["tokens"] += n * (ANSWER - 1)
+            own["decode_s"] += span
+            own["steps"].append(span / (ANSWER - 1) * 1e3)  # pool: one batched step per answer token
+    bounds = {"lock": 0, "pool": pool.bound(sessions["pool"][0])}
+    pool.close()
+    steps = {"lock": seen["lock"]["decode_s"] / seen["lock"]["tokens"] * 1e3,  # per token, one stream at a time
+             "pool": statistics.median(seen["pool"]["steps"])}
+    return {mode: {"aggregate": own["tokens"] / own["decode_s"], "ttft_p50": statistics.median(own["ttfts"]),
+                   "ttft_p95": p95(own["ttfts"]), "step_ms": steps[mode],
+                   "kv_bytes": statistics.mean(s.kv_bytes for s in sessions[mode]), "bound": bounds[mode]}
+            for mode, own in seen.items()}
 
 
 def ask_together(streams, asks, together: bool) -> tuple[list[float], list[float]]:
