@@ -2,9 +2,11 @@
 of every turn, the KV lengths and tokens seen, every answer's tokens, what recall linked, and `stream-qa`'s answers
 on the bundled clip, on the real SmolLM2, a tiny random Qwen2-VL and the real tiny-vlm.
 
-The record was made on one machine; another CPU rounds differently, so logits are compared within 1e-3 and an
-answer's tokens only where its first step is no near tie (`compare`'s tolerance). Bit-identity before and after a
-change is what `python -m benchmarks fingerprint --old-tree DIR` checks, on one machine, in one run."""
+The record was made on one machine (a 2-core AMD EPYC); another CPU rounds differently, so logits are compared within
+2e-3 and an answer's tokens only where its first step is no near tie (`compare`'s tolerance). On a 2-core Intel Xeon
+with AMX the merge paths' logits came 1.15e-3 (`inf_mllm+vl_cache_budgets+merge`) and at most 5.2e-4 (the other 309
+steps) from the record, every top-5 id the same; a changed path moves them by tenths or more. Bit-identity before
+and after a change is what `python -m benchmarks fingerprint --old-tree DIR` checks, on one machine, in one run."""
 
 import json
 from pathlib import Path
@@ -20,7 +22,7 @@ RECORD = Path(__file__).parent.parent / "benchmarks" / "results" / "fingerprint.
 def test_every_policy_path_keeps_its_committed_fingerprint():
     recorded = json.loads(RECORD.read_text())["fingerprints"]
     now = fingerprints(log=lambda text: None)
-    differences = compare(now, recorded, tolerance=1e-3)
+    differences = compare(now, recorded, tolerance=2e-3)
     assert not differences, "\n".join(differences[:40])
     steps = sum(len(path) for path in now.values())
     assert len(now) == len(recorded) >= 30 and steps == sum(len(path) for path in recorded.values()) >= 350
