@@ -5,7 +5,7 @@ benchmarks link_time [--quick] [--shape vicuna-7b --device cuda]`.
 recomputes 14 of a linked clip's 34 rows and re-encoding 34, so their times differ little. Here only time, with the
 turn of tiny-vlm's layout (9 text tokens, V visual tokens, 1 text token; stored with its inputs, `+reencode`) at V =
 24 (tiny-vlm), 196 (a LLaVA-OneVision frame), 576 (a LLaVA-1.5 image) and 1,568 (8 frames of 196). Per V: a session
-`inf_mllm+recall+reencode` whose budget holds 3 clips (+ 128), 8 clips streamed, then questions (20 tokens) that each
+`inf_mllm+recall+reencode` whose budget holds 2 clips (+ 32), 10 clips streamed, then questions (20 tokens) that each
 name one of the first 4 clips (evicted by then); each question is asked once per mode from the same cache, the modes
 in an order that turns from question to question (`link_modes`' protocol), the first question a warm-up. Time to
 first token = linking, the recompute and the question's prefill, the device waited for. Per mode and V: its median,
