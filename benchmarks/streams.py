@@ -4,12 +4,14 @@ lock, as the app served them before it, in the same run.
 decode: SmolLM2-135M (fp32), `inf_mllm` at budget 1,024, N = 1, 2, 4, 8 streams, each its own session filled past its
 budget with its own stretch of the Gutenberg corpus. Every round all N streams ask at once (a plain question, then 32
 answer tokens, no end token). Pool: one thread per stream on a `SessionPool` (questions prefilled together, decode steps
-batched). Lock: the same questions answered one stream after another on lone sessions (their own copies of the same
-streams). The two modes alternate round by round, which goes first turning, so a machine whose speed drifts during the
-run slows both alike. Per mode and N: aggregate decode tokens/s (tokens after each stream's first, over the time from
-the last first token to the last token; for the lock, over the sum of the streams' decode times), time to first token
-p50/p95 over every stream and round (from the moment all asked), the pool's decode step beside its bandwidth floor
-((weights + N x the streams' KV bytes) / the read bandwidth measured here), and memory per stream.
+batched in one eager forward). Pool, slot step: the same with the pool's decode steps in its slot arena (slots.py, run
+as is; `stream-qa`'s choice for several sources). Lock: the same questions answered one stream after another on lone
+sessions. Each mode has its own copies of the same streams; the modes take turns round by round, which goes first
+turning, so a machine whose speed drifts during the run slows all alike. Per mode and N: aggregate decode tokens/s
+(tokens after each stream's first, over the time from the last first token to the last token; for the lock, over the
+sum of the streams' decode times), time to first token p50/p95 over every stream and round (from the moment all
+asked), the decode step beside its bandwidth floor ((weights + N x the streams' KV bytes) / the read bandwidth measured
+here), and memory per stream.
 
 ingest: tiny-vlm, 4 streams of the bundled clip (looped to a minute) played at real time at 1 fps through the turn
 engine on one pool, each asking a plain question every 10 s of video: each stream's ingest speed (x real time),
@@ -47,6 +49,8 @@ ANSWER = 32
 LOOPS = 6  # the bundled clip (10 s) played 6 times: a minute of video per stream, a question every 10 s
 QUESTIONS_SEEN = ["what is on screen?", "is there a bicycle now?", "did you see a person?", "what was on screen at "
                   "the start?", "is there a car?"]
+SLOTTED = "pool, slot step"
+MODES = ["lock", "pool", SLOTTED]
 QUESTIONS = ["What did the last lines say about the garden?", "Who was speaking just now?",
              "Summarise the passage in a few words.", "What happened before the storm?"]
 
@@ -70,14 +74,16 @@ def run(args):
                                   ("kv_mb", result["kv_bytes"] / 2**20),
                                   ("bound_mb", result["bound"] / 2**20)]:
                 records.append(record("streams", mode, BUDGET, metric, round(value, 4), n))
-    one, one_ttft = _value(records, "pool", 1, "tokens_per_s"), _value(records, "pool", 1, "ttft_p95_s")
-    for n in counts:  # ratios within this run: the pool against one stream, and against the lock at the same N
-        tokens = _value(records, "pool", n, "tokens_per_s")
-        records += [record("streams", "pool tokens/s vs one stream", BUDGET, "ratio", round(tokens / one, 3), n),
-                    record("streams", "pool ttft p95 vs one stream", BUDGET, "ratio",
-                           round(_value(records, "pool", n, "ttft_p95_s") / one_ttft, 3), n),
-                    record("streams", "pool tokens/s vs lock", BUDGET, "ratio",
-                           round(tokens / _value(records, "lock", n, "tokens_per_s"), 3), n)]
+    for mode in MODES[1:]:  # ratios within this run: each pool against one stream, and against the lock at the same N
+        one, one_ttft = _value(records, mode, 1, "tokens_per_s"), _value(records, mode, 1, "ttft_p95_s")
+        for n in counts:
+            tokens = _value(records, mode, n, "tokens_per_s")
+            records += [record("streams", f"{mode}: tokens/s vs one stream", BUDGET, "ratio", round(tokens / one, 3),
+                               n),
+                        record("streams", f"{mode}: ttft p95 vs one stream", BUDGET, "ratio",
+                               round(_value(records, mode, n, "ttft_p95_s") / one_ttft, 3), n),
+                        record("streams", f"{mode}: tokens/s vs lock", BUDGET, "ratio",
+                               round(tokens / _value(records, "lock", n, "tokens_per_s"), 3), n)]
     records.append(record("streams", "memory", None, "read_gb_s", round(bandwidth / 1e9, 2), 0))
     if not args.quick:
         records += ingest(streams=4)
@@ -226,17 +232,19 @@ def filled_sessions(model, tok, n: int) -> list[StreamSession]:
 
 
 def decode_rounds(model, tok, n: int, rounds: int) -> dict[str, dict]:
-    """The same N streams' rounds through the lock and through the pool, the two modes alternating round by round
-    (which goes first turning too), so a machine whose speed drifts over the run slows both alike."""
-    sessions = {"lock": filled_sessions(model, tok, n), "pool": filled_sessions(model, tok, n)}
-    pool = SessionPool(model, tok)
-    streams = {"lock": sessions["lock"], "pool": [pool.admit(s) for s in sessions["pool"]]}
+    """The same N streams' rounds through the lock, through the pool (its decode steps one eager batched forward),
+    and through the pool with its slot step (the steps on fixed shapes, slots.py, run as is), the modes turning
+    round by round (which goes first turning too), so a machine whose speed drifts over the run slows all alike."""
+    sessions = {mode: filled_sessions(model, tok, n) for mode in MODES}
+    pools = {"pool": SessionPool(model, tok), SLOTTED: SessionPool(model, tok, slots=n)}
+    streams = {"lock": sessions["lock"], **{mode: [pool.admit(s) for s in sessions[mode]]
+                                            for mode, pool in pools.items()}}
     seen = {mode: {"ttfts": [], "tokens": 0, "decode_s": 0.0, "steps": []} for mode in streams}
     for r in range(rounds):
         asks = [tok(QUESTIONS[(i + r) % len(QUESTIONS)], return_tensors="pt").input_ids for i in range(n)]
-        for mode in ("lock", "pool") if r % 2 == 0 else ("pool", "lock"):
-            firsts, lasts = ask_together(streams[mode], asks, together=mode == "pool")
-            if mode == "pool":
+        for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
+            firsts, lasts = ask_together(streams[mode], asks, together=mode != "lock")
+            if mode != "lock":
                 span = max(lasts) - max(firsts)
             else:
                 span = sum(last - first for first, last in zip(firsts, lasts, strict=True))
@@ -245,10 +253,13 @@ def decode_rounds(model, tok, n: int, rounds: int) -> dict[str, dict]:
             own["tokens"] += n * (ANSWER - 1)
             own["decode_s"] += span
             own["steps"].append(span / (ANSWER - 1) * 1e3)  # pool: one batched step per answer token
-    bounds = {"lock": 0, "pool": pool.bound(sessions["pool"][0])}
-    pool.close()
+    bounds = {"lock": 0, **{mode: pool.bound(sessions[mode][0]) for mode, pool in pools.items()}}
+    if not pools[SLOTTED].slot_decode.rows_advanced or pools[SLOTTED].slot_decode.failed:
+        raise RuntimeError(f"the slot step did not run: {pools[SLOTTED].slot_decode.failed}")
+    for pool in pools.values():
+        pool.close()
     steps = {"lock": seen["lock"]["decode_s"] / seen["lock"]["tokens"] * 1e3,  # per token, one stream at a time
-             "pool": statistics.median(seen["pool"]["steps"])}
+             **{mode: statistics.median(seen[mode]["steps"]) for mode in pools}}
     return {mode: {"aggregate": own["tokens"] / own["decode_s"], "ttft_p50": statistics.median(own["ttfts"]),
                    "ttft_p95": p95(own["ttfts"]), "step_ms": steps[mode],
                    "kv_bytes": statistics.mean(s.kv_bytes for s in sessions[mode]), "bound": bounds[mode]}
@@ -290,7 +301,7 @@ def ingest(streams: int) -> list[dict]:
     from streaming.sources import FileSource, bundled_clip
 
     vlm = load_adapter("tiny-vlm")
-    pool = SessionPool(vlm.model, vlm.tokenizer)
+    pool = SessionPool(vlm.model, vlm.tokenizer, slots=streams)  # as stream-qa's streams
     engines, results = [], [None] * streams
     for _ in range(streams):
         session = pool.call(None, vlm.new_session, "inf_mllm", budget=512)

@@ -87,6 +87,7 @@ class SessionPool:
         self._jobs: collections.deque = collections.deque()
         self._questions: list[_Question] = []
         self._answers: list[_Answer] = []
+        self._faults: dict[StreamSession, BaseException] = {}  # an eviction that failed after its question returned
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="session-pool", daemon=True)
         self._thread.start()
@@ -132,6 +133,7 @@ class SessionPool:
         self.call(session, self._unslot, session)  # its answer ends, on the pool's thread
         with self._cond:
             self.streams.pop(session, None)
+            self._faults.pop(session, None)
 
     def _unslot(self, session: StreamSession) -> None:
         if self.slot_decode is not None:
@@ -164,6 +166,8 @@ class SessionPool:
                  temperature: float = 1.0, top_p: float = 1.0, eos_token_id=None, generator=None):
         """`session.generate`, its steps batched with the other streams' answers."""
         with self._cond:
+            if session in self._faults:
+                raise self._faults.pop(session)
             if session._logits is None:
                 raise ValueError("append a turn before generating")
             eos = eos_set(eos_token_id if eos_token_id is not None else self.model.generation_config.eos_token_id)
@@ -182,8 +186,13 @@ class SessionPool:
                 with self._cond:
                     if answer not in self._answers:
                         return  # ended by the stream's next turn
-                    answer.wants = True
-                    self._cond.notify()  # the pool's thread
+                    if answer.steps == 0 and answer.logits is not None and not answer.out:
+                        # the first token comes from the turn's logits: picked here, not after the pool's thread
+                        # has evicted every stream that asked with this one (the next step waits for that)
+                        self._hand_over([answer])
+                    else:
+                        answer.wants = True
+                        self._cond.notify()  # the pool's thread
                     while not answer.out:
                         answer.ready.wait()
                     item = answer.out.popleft()
@@ -284,13 +293,32 @@ class SessionPool:
             q.future.set_result(logits)
         rows = [q.session.turn_row(q.ids, None) for q, _ in ready]
         starts = [q.session.clock() for q, _ in ready]
+        evicting = []
         for (q, question), row, t0, logits in zip(ready, rows, starts, self._forward(rows), strict=True):
             if isinstance(logits, BaseException):
                 q.future.set_exception(logits)
                 continue
-            q.session.turn_done(logits, row.length, t0, evict=question.evict, store=False)
+            q.session.turn_done(logits, row.length, t0, evict=False, store=False)
             q.session.question_done(question)
             q.future.set_result(logits[:, None])
+            if question.evict:
+                evicting.append(q.session)
+        for session in evicting:  # after every reader has its logits (its first token); before any next step
+            t0 = session.clock()
+            try:
+                session.cache.evict()
+            except Exception as err:  # noqa: BLE001 (this stream's fault: its answer, or its next generate, raises it)
+                self._fault(session, err)
+            session.last.evict_s = session.clock() - t0
+
+    def _fault(self, session: StreamSession, err: BaseException) -> None:
+        with self._cond:
+            answers = [a for a in self._answers if a.session is session]
+            if not answers:
+                self._faults[session] = err
+            for answer in answers:
+                self._leave(answer)
+                self._give(answer, err)
 
     def _step(self, wanting: list[_Answer]) -> None:
         """One batched decode step for the answers whose last token is not in their cache yet (those whose caches

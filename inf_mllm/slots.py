@@ -146,6 +146,11 @@ class SlotDecode:
         self.rows_advanced = 0
         self.failed: str | None = None  # why the step failed once: the pool decodes eagerly from then on
         self.timings: list[float] | None = None  # a benchmark's: each step's seconds, the device waited for
+        # the fewest answer rows a step runs for (fewer: the caller's eager rows). The step carries every slot; on a
+        # GPU an idle slot's row costs little beside the weights' read, but run as is on a CPU a linear's time grows
+        # with its rows, and one eager row beat 4 slots (SmolLM2, 2 cores: 87 against 121 ms; 4 rows 150 against
+        # 121), so there it runs only when every slot answers
+        self.min_rows = 1 if compile else arena.slots
         self._forward = None
         self.view: Cache | None = None
 
@@ -176,9 +181,10 @@ class SlotDecode:
 
     def run(self, caches: list, tokens: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """Each cache's logits (1, V) after its token (1,), written into its slot and counted (`cache.written`);
-        None when the step cannot run (a cache out of its slot or without a free row, or the step failed): nothing
-        was committed, and the caller runs those rows eagerly."""
-        if self.failed:
+        None when the step cannot run (a cache out of its slot or without a free row, or the step failed) or would
+        not pay (fewer than `min_rows`): nothing was committed, and the caller runs those rows eagerly (on their
+        slots' buffers)."""
+        if self.failed or len(caches) < self.min_rows:
             return None
         arena = self.arena
         slots = [arena.slot(cache) for cache in caches]

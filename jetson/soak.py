@@ -63,7 +63,7 @@ def soak_streams(adapter, video, policy: str, budget, rounds: int | None, durati
     from streaming.budgets import headroom
     from streaming.engine import TurnEngine
 
-    pool = SessionPool(adapter.model, adapter.tokenizer)
+    pool = SessionPool(adapter.model, adapter.tokenizer, slots=streams)  # as stream-qa's streams (slots.py)
     per_loop = max(1, math.ceil(FileSource(video, fps=args.fps).duration / args.clip_seconds))
     loops = math.ceil(rounds / per_loop) + 1 if rounds else 10**9
     runs, errors, engines, threads = [None] * streams, [], [], []

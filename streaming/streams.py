@@ -107,9 +107,11 @@ def run_streams(args, sources, questions, spec, adapter, out, folders=None, sett
     from .engine import TurnEngine
     from .questions import Schedule
     free = auto_budget(None, args.device)
-    compiled = compiles_decode(args.device, args.compile_decode)  # on a GPU: the streams' steps as one CUDA graph
+    # the streams' decode steps on fixed shapes (slots.py): on a GPU one CUDA graph; run as is elsewhere, where they
+    # beat eager rows when every stream answers (benchmarks streams)
+    compiled = compiles_decode(args.device, args.compile_decode)
     pool = SessionPool(adapter.model, adapter.tokenizer, kv_bytes=max(0, free.free_bytes - free.reserve_bytes),
-                       slots=len(sources) if compiled else 0, compile_decode=compiled)
+                       slots=len(sources), compile_decode=compiled)
     lock = threading.Lock()
     engines, failed = [], []
     folders = folders or [None] * len(sources)

@@ -57,24 +57,73 @@ def in_threads(fns):
 
 @pytest.mark.parametrize("policy, per_stream, slots", [
     ("inf_mllm", 2, 0), ("h2o", 1, 0),  # h2o: an observer scores every decode step, per row
-    ("inf_mllm", 2, 4),  # the steps on fixed shapes (slots.py), run as is: the same step a GPU compiles
+    ("inf_mllm", 2, 4),  # the steps on fixed shapes (slots.py), run as is: the same step a GPU compiles; steps with
+    # fewer rows than `min_rows` run eagerly on the slots' buffers
     pytest.param("inf_mllm", 13, 0, marks=pytest.mark.slow),  # 52 questions over 4 streams: ~3 min on 2 cores
 ])
 def test_each_stream_answers_in_the_pool_what_it_answers_alone(smol, policy, per_stream, slots):
     model, tok = smol
     alone = [conversation(StreamSession(model, tok, policy, budget=256), tok, n, per_stream) for n in range(4)]
     pool = SessionPool(model, tok, slots=slots)
+    if slots:
+        pool.slot_decode.min_rows = 2  # both kinds of step, in turn, on the same slots
     try:
         pooled = in_threads([lambda n=n: conversation(pool.open(policy, budget=256, headroom=160), tok, n,
                                                       per_stream) for n in range(4)])
     finally:
         pool.close()
     assert pool.rows > pool.steps > 0  # decode steps did carry several streams
-    if slots:  # and they ran in the arena, several streams a step
+    if slots:  # and they ran in the arena, several streams a step, and eagerly on its buffers when one answered
         assert pool.slot_decode.rows_advanced > pool.slot_decode.steps > 0
+        assert pool.steps > pool.slot_decode.steps
     for (answers, logits), (answers_pooled, logits_pooled) in zip(alone, pooled, strict=True):
         assert answers_pooled == answers
         assert max(float((a - b).abs().max()) for a, b in zip(logits, logits_pooled, strict=True)) < 1e-4
+
+
+def test_a_pooled_answer_starts_before_the_eviction_its_question_set_off(smol):
+    """A question's first answer token comes from its prefill's logits as soon as they are out: it does not wait for
+    the evictions after the prefill (one per stream that asked, one after another), which the answer's next step
+    does. An eviction that fails reaches its own stream's answer; the other stream goes on answering."""
+    model, tok = smol
+    ids = tok("What happened just now?", return_tensors="pt").input_ids
+    alone = StreamSession(model, tok, "inf_mllm", budget=128)
+    for turn in turns(0):
+        alone.append(turn)
+    alone.append_question(ids)
+    expected = [int(t[0]) for t in alone.generate(5, eos_token_id=[])]
+    pool = SessionPool(model, tok)
+    try:
+        stream, other = pool.open("inf_mllm", budget=128, headroom=32), pool.open("inf_mllm", budget=128, headroom=32)
+        for turn in turns(0):
+            stream.append(turn)
+        for turn in turns(1):
+            other.append(turn)
+        evict, release, evicted = stream.session.cache.evict, threading.Event(), []
+
+        def held_eviction():
+            assert release.wait(timeout=60)
+            evict()
+            evicted.append(True)
+
+        stream.session.cache.evict = held_eviction
+        stream.append_question(ids)
+        tokens = stream.generate(5, eos_token_id=[])
+        first = int(next(tokens)[0])
+        assert not evicted  # handed over while the eviction waits
+        release.set()
+        assert [first, *(int(t[0]) for t in tokens)] == expected and evicted
+
+        def failed_eviction():
+            raise RuntimeError("eviction failed")
+
+        stream.session.cache.evict = failed_eviction
+        stream.append_question(ids)
+        with pytest.raises(RuntimeError, match="eviction failed"):
+            list(stream.generate(5, eos_token_id=[]))
+        assert other.answer("What did you see?", max_new_tokens=4)
+    finally:
+        pool.close()
 
 
 def test_rows_of_different_lengths_prefill_as_each_would_alone(smol):
