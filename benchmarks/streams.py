@@ -59,7 +59,7 @@ def run(args):
     if args.shape:
         return run_shape(args)
     counts = [1, 2, 4] if args.quick else [1, 2, 4, 8]
-    rounds = 2 if args.quick else 4
+    rounds = 2 if args.quick else 6
     model, tok = load_model()
     bandwidth = read_bandwidth()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())

@@ -5,9 +5,10 @@ policy, budget, positions and statistics. One batched forward runs the model's w
 a decode step, reading the weights is nearly all the work, so N rows cost little more than one); only attention
 is per row, and it is each row's own: the rows' caches are opened as if each ran alone (`cache.forward`), the
 per-layer `RowsLayer` appends row r's new keys to session r's layer, and the attention function (attention.py)
-runs row r's queries on that layer's keys through the same observing SDPA the session would use alone. Rows of
-different lengths are left-padded: every row's last token is the batch's last position, padding is written
-nowhere and attended by nobody.
+runs row r's queries on that layer's keys through the same observing SDPA the session would use alone. The rows
+are packed one after another into a single sequence (batch 1): the model's linear layers see every row's tokens
+and no padding (rows of different lengths padded to the longest cost those layers up to 2x at 4 questions), and
+`starts` say where each row's tokens lie.
 """
 
 from contextlib import ExitStack
@@ -40,29 +41,37 @@ class RowsForward:
 
     rows: list  # the rows' cache.Forward objects
     lengths: list[int]
+    starts: list[int] = field(default_factory=list)  # where each row's tokens begin in the packed sequence
     kv: list = field(default_factory=list)
+    masks: dict = field(default_factory=dict)  # (queries, keys) -> the causal mask: one object for every layer
     batched = True
 
     def attention(self, module, query, attend, **kwargs):
-        """Row r's queries (its last lengths[r] positions) on row r's keys, through `attend` (the observing SDPA)
-        with row r's own forward; the outputs left-padded back into one (B, L, Hq, D) tensor."""
-        total = query.shape[2]
+        """Row r's queries (its stretch of the packed sequence) on row r's keys, through `attend` (the observing
+        SDPA) with row r's own forward; the outputs packed back into one (1, L, Hq, D) tensor."""
         outs = []
-        for r, (n, own) in enumerate(zip(self.lengths, self.rows, strict=True)):
+        for r, (n, start, own) in enumerate(zip(self.lengths, self.starts, self.rows, strict=True)):
             keys, values = self.kv[r]
             mask = None
             if n > 1:  # causal, aligned to the end: the row's queries are its last n positions
-                q_pos = torch.arange(keys.shape[2] - n, keys.shape[2], device=query.device)
-                mask = (torch.arange(keys.shape[2], device=query.device)[None, :] <= q_pos[:, None])[None, None]
-            out, _ = attend(module, query[r:r + 1, :, total - n:], keys, values, mask, **{**kwargs, FORWARD_KWARG: own})
-            if n < total:
-                out = torch.cat([out.new_zeros(1, total - n, *out.shape[2:]), out], dim=1)
+                mask = self.causal(n, keys.shape[2], query.device)
+            out, _ = attend(module, query[:, :, start:start + n], keys, values, mask, **{**kwargs, FORWARD_KWARG: own})
             outs.append(out)
-        return torch.cat(outs, dim=0), None
+        return torch.cat(outs, dim=1), None
+
+
+    def causal(self, n: int, total: int, device) -> torch.Tensor:
+        """The (1, 1, n, total) mask of n queries at the end of `total` keys, built once per forward: the observing
+        attention checks a mask once per object (`_beyond_causality`), not at every layer."""
+        mask = self.masks.get((n, total))
+        if mask is None:
+            q_pos = torch.arange(total - n, total, device=device)
+            mask = self.masks[(n, total)] = (torch.arange(total, device=device)[None, :] <= q_pos[:, None])[None, None]
+        return mask
 
 
 class RowsLayer(CacheLayerMixin):
-    """Layer i of the batch: appends row r's new keys (its last `lengths[r]` positions) to row r's layer i."""
+    """Layer i of the batch: appends row r's new keys (its stretch of the packed sequence) to row r's layer i."""
 
     is_compileable = False
     is_sliding = False
@@ -76,10 +85,9 @@ class RowsLayer(CacheLayerMixin):
         """Nothing to allocate: each row's own layer holds its keys."""
 
     def update(self, key_states, value_states, *args, **kwargs):
-        total = key_states.shape[2]
-        self.state.kv = [cache.layers[self.index].update(key_states[r:r + 1, :, total - n:],
-                                                         value_states[r:r + 1, :, total - n:])
-                         for r, (cache, n) in enumerate(zip(self.caches, self.state.lengths, strict=True))]
+        self.state.kv = [cache.layers[self.index].update(key_states[:, :, start:start + n],
+                                                         value_states[:, :, start:start + n])
+                         for cache, n, start in zip(self.caches, self.state.lengths, self.state.starts, strict=True)]
         return key_states, value_states  # the attention function reads the rows' own keys from `state.kv`
 
     def get_seq_length(self) -> int:
@@ -105,41 +113,31 @@ def forward_rows(model, rows: list[Row], device=None) -> torch.Tensor:
     rolled back if the call raises."""
     device = device or model.device
     use_observing_attention(model)  # the rows' attention is dispatched there (plain SDPA where nothing observes)
-    total = max(row.length for row in rows)
+    lengths = [row.length for row in rows]
+    ends = torch.tensor(lengths).cumsum(0)
     embeds = rows[0].tokens.dim() == 3
     marks = [row.cache.mark() for row in rows]
     with ExitStack() as stack:
         opened = [stack.enter_context(row.cache.forward(row.length, batch=1, device=device, **row.forward))
                   for row in rows]
-        state = RowsForward(list(opened), [row.length for row in rows])
-        positions = torch.cat([_positions(row, fwd, total, device) for row, fwd in zip(rows, opened, strict=True)],
-                              dim=-2)
-        inputs = torch.cat([_left_padded(row.tokens.to(device), total) for row in rows], dim=0)
+        state = RowsForward(list(opened), lengths, (ends - torch.tensor(lengths)).tolist())
+        positions = torch.cat([_positions(row, fwd, device) for row, fwd in zip(rows, opened, strict=True)], dim=-1)
+        inputs = torch.cat([row.tokens.to(device) for row in rows], dim=1)
         kwargs = {"inputs_embeds" if embeds else "input_ids": inputs}
-        try:
+        try:  # the logits of each row's last token only
             out = model(**kwargs, position_ids=positions, past_key_values=RowsCache([r.cache for r in rows], state),
-                        use_cache=True, logits_to_keep=1, **{FORWARD_KWARG: state})
+                        use_cache=True, logits_to_keep=(ends - 1).to(device), **{FORWARD_KWARG: state})
         except BaseException:
             for row, mark in zip(rows, marks, strict=True):
                 row.cache.rollback(mark)
             raise
-    return out.logits[:, -1]
+    return out.logits[0]
 
 
-def _left_padded(tokens: torch.Tensor, total: int) -> torch.Tensor:
-    pad = total - tokens.shape[1]
-    if pad == 0:
-        return tokens
-    return torch.cat([tokens.new_zeros(tokens.shape[0], pad, *tokens.shape[2:]), tokens], dim=1)
-
-
-def _positions(row: Row, fwd, total: int, device) -> torch.Tensor:
-    """The row's position ids, left-padded with its first: (1, total), or (axes, 1, total) under multimodal RoPE."""
+def _positions(row: Row, fwd, device) -> torch.Tensor:
+    """The row's position ids: (1, n), or (axes, 1, n) under multimodal RoPE."""
     own = fwd.kwargs.get("position_ids")
     if own is None:  # 1-D RoPE: the model's default, the cache's next position onwards
         start = row.cache.get_seq_length()
         own = torch.arange(start, start + row.length, device=device)[None]
-    pad = total - own.shape[-1]
-    if pad:
-        own = torch.cat([own[..., :1].expand(*own.shape[:-1], pad), own], dim=-1)
     return own.to(device)
