@@ -11,7 +11,9 @@ turning, so a machine whose speed drifts during the run slows all alike. Per mod
 (tokens after each stream's first, over the time from the last first token to the last token; for the lock, over the
 sum of the streams' decode times), time to first token p50/p95 over every stream and round (from the moment all
 asked), the decode step beside its bandwidth floor ((weights + N x the streams' KV bytes) / the read bandwidth measured
-here), and memory per stream.
+here), and memory per stream. For N > 1 each round also has each pool's first stream ask alone (the others
+idle): the one stream its ratios are taken against, measured in the same rounds as the N (a machine whose speed drifts
+between one N and the next moved the ratios of an earlier run by a fifth).
 
 ingest: tiny-vlm, 4 streams of the bundled clip (looped to a minute) played at real time at 1 fps through the turn
 engine on one pool, each asking a plain question every 10 s of video: each stream's ingest speed (x real time),
@@ -51,6 +53,7 @@ QUESTIONS_SEEN = ["what is on screen?", "is there a bicycle now?", "did you see 
                   "the start?", "is there a car?"]
 SLOTTED = "pool, slot step"
 MODES = ["lock", "pool", SLOTTED]
+ONE = " (one stream asking)"  # a pool's first stream asking alone, in the same rounds: the ratios' one stream
 QUESTIONS = ["What did the last lines say about the garden?", "Who was speaking just now?",
              "Summarise the passage in a few words.", "What happened before the storm?"]
 
@@ -66,7 +69,7 @@ def run(args):
     records = []
     for n in tqdm(counts, desc="streams"):
         for mode, result in decode_rounds(model, tok, n, rounds).items():
-            floor_ms = (weights + n * result["kv_bytes"]) / bandwidth * 1e3
+            floor_ms = (weights + (1 if mode.endswith(ONE) else n) * result["kv_bytes"]) / bandwidth * 1e3
             for metric, value in [("tokens_per_s", result["aggregate"]),
                                   ("ttft_s", result["ttft_p50"]), ("ttft_p95_s", result["ttft_p95"]),
                                   ("decode_ms_per_token", result["step_ms"]), ("floor_ms_per_token", floor_ms),
@@ -74,9 +77,10 @@ def run(args):
                                   ("kv_mb", result["kv_bytes"] / 2**20),
                                   ("bound_mb", result["bound"] / 2**20)]:
                 records.append(record("streams", mode, BUDGET, metric, round(value, 4), n))
-    for mode in MODES[1:]:  # ratios within this run: each pool against one stream, and against the lock at the same N
-        one, one_ttft = _value(records, mode, 1, "tokens_per_s"), _value(records, mode, 1, "ttft_p95_s")
-        for n in counts:
+    for mode in MODES[1:]:  # ratios within each N's rounds: each pool against one of its streams asking alone, and
+        for n in counts:  # against the lock
+            one = mode + ONE if n > 1 else mode
+            one, one_ttft = _value(records, one, n, "tokens_per_s"), _value(records, one, n, "ttft_p95_s")
             tokens = _value(records, mode, n, "tokens_per_s")
             records += [record("streams", f"{mode}: tokens/s vs one stream", BUDGET, "ratio", round(tokens / one, 3),
                                n),
@@ -239,30 +243,34 @@ def decode_rounds(model, tok, n: int, rounds: int) -> dict[str, dict]:
     pools = {"pool": SessionPool(model, tok), SLOTTED: SessionPool(model, tok, slots=n)}
     streams = {"lock": sessions["lock"], **{mode: [pool.admit(s) for s in sessions[mode]]
                                             for mode, pool in pools.items()}}
-    seen = {mode: {"ttfts": [], "tokens": 0, "decode_s": 0.0, "steps": []} for mode in streams}
+    order = MODES + ([mode + ONE for mode in pools] if n > 1 else [])
+    seen = {mode: {"ttfts": [], "tokens": 0, "decode_s": 0.0, "steps": []} for mode in order}
     for r in range(rounds):
         asks = [tok(QUESTIONS[(i + r) % len(QUESTIONS)], return_tensors="pt").input_ids for i in range(n)]
-        for mode in MODES[r % len(MODES):] + MODES[:r % len(MODES)]:
-            firsts, lasts = ask_together(streams[mode], asks, together=mode != "lock")
-            if mode != "lock":
+        for mode in order[r % len(order):] + order[:r % len(order)]:
+            base, k = mode.removesuffix(ONE), 1 if mode.endswith(ONE) else n
+            firsts, lasts = ask_together(streams[base][:k], asks[:k], together=base != "lock")
+            if base != "lock":
                 span = max(lasts) - max(firsts)
             else:
                 span = sum(last - first for first, last in zip(firsts, lasts, strict=True))
             own = seen[mode]
             own["ttfts"] += firsts
-            own["tokens"] += n * (ANSWER - 1)
+            own["tokens"] += k * (ANSWER - 1)
             own["decode_s"] += span
             own["steps"].append(span / (ANSWER - 1) * 1e3)  # pool: one batched step per answer token
     bounds = {"lock": 0, **{mode: pool.bound(sessions[mode][0]) for mode, pool in pools.items()}}
+    bounds.update({mode + ONE: bounds[mode] for mode in pools})
     if not pools[SLOTTED].slot_decode.rows_advanced or pools[SLOTTED].slot_decode.failed:
         raise RuntimeError(f"the slot step did not run: {pools[SLOTTED].slot_decode.failed}")
     for pool in pools.values():
         pool.close()
     steps = {"lock": seen["lock"]["decode_s"] / seen["lock"]["tokens"] * 1e3,  # per token, one stream at a time
-             **{mode: statistics.median(seen[mode]["steps"]) for mode in pools}}
+             **{mode: statistics.median(own["steps"]) for mode, own in seen.items() if mode != "lock"}}
     return {mode: {"aggregate": own["tokens"] / own["decode_s"], "ttft_p50": statistics.median(own["ttfts"]),
                    "ttft_p95": p95(own["ttfts"]), "step_ms": steps[mode],
-                   "kv_bytes": statistics.mean(s.kv_bytes for s in sessions[mode]), "bound": bounds[mode]}
+                   "kv_bytes": statistics.mean(s.kv_bytes for s in sessions[mode.removesuffix(ONE)]),
+                   "bound": bounds[mode]}
             for mode, own in seen.items()}
 
 

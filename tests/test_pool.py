@@ -21,11 +21,16 @@ def turns(n: int, count: int = 3, length: int = 90):
     return [torch.randint(100, 40000, (1, length + 11 * n), generator=g) for _ in range(count)]
 
 
-def conversation(session, tok, n: int, questions: int, answer_tokens: int = 6):
-    """Stream n: its turns, then `questions` questions with a turn between every two; returns (answers, the logits
-    each question's prefill gave)."""
+def conversation(session, tok, n: int, questions: int, answer_tokens: int = 6,
+                 together: threading.Barrier | None = None):
+    """Stream n: its turns, then `questions` questions with a turn between every two, answers of `answer_tokens` + n
+    tokens (so the streams' answers end apart); returns (answers, the logits each question's prefill gave).
+    `together`: the streams ask their first questions at once (their answers overlap)."""
     for turn in turns(n):
         session.append(turn)
+    if together is not None:
+        together.wait(timeout=120)
+    answer_tokens += n
     answers, logits = [], []
     for q in range(questions):
         ids = tok(f"{QUESTIONS[(n + q) % len(QUESTIONS)]} ({q})", return_tensors="pt").input_ids
@@ -57,24 +62,23 @@ def in_threads(fns):
 
 @pytest.mark.parametrize("policy, per_stream, slots", [
     ("inf_mllm", 2, 0), ("h2o", 1, 0),  # h2o: an observer scores every decode step, per row
-    ("inf_mllm", 2, 4),  # the steps on fixed shapes (slots.py), run as is: the same step a GPU compiles; steps with
-    # fewer rows than `min_rows` run eagerly on the slots' buffers
+    ("inf_mllm", 2, 4),  # the steps on fixed shapes (slots.py), run as is: the same step a GPU compiles; run as is,
+    # only when every slot answers (`min_rows`), the other steps eagerly on the slots' buffers
     pytest.param("inf_mllm", 13, 0, marks=pytest.mark.slow),  # 52 questions over 4 streams: ~3 min on 2 cores
 ])
 def test_each_stream_answers_in_the_pool_what_it_answers_alone(smol, policy, per_stream, slots):
     model, tok = smol
     alone = [conversation(StreamSession(model, tok, policy, budget=256), tok, n, per_stream) for n in range(4)]
     pool = SessionPool(model, tok, slots=slots)
-    if slots:
-        pool.slot_decode.min_rows = 2  # both kinds of step, in turn, on the same slots
+    together = threading.Barrier(4)
     try:
         pooled = in_threads([lambda n=n: conversation(pool.open(policy, budget=256, headroom=160), tok, n,
-                                                      per_stream) for n in range(4)])
+                                                      per_stream, together=together) for n in range(4)])
     finally:
         pool.close()
     assert pool.rows > pool.steps > 0  # decode steps did carry several streams
-    if slots:  # and they ran in the arena, several streams a step, and eagerly on its buffers when one answered
-        assert pool.slot_decode.rows_advanced > pool.slot_decode.steps > 0
+    if slots:  # and they ran in the arena when every slot answered, and eagerly on its buffers when fewer did
+        assert pool.slot_decode.rows_advanced == 4 * pool.slot_decode.steps > 0
         assert pool.steps > pool.slot_decode.steps
     for (answers, logits), (answers_pooled, logits_pooled) in zip(alone, pooled, strict=True):
         assert answers_pooled == answers
