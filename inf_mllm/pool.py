@@ -3,7 +3,8 @@ of all answers in progress batched into one forward (rows.py).
 
 A stream holds a `PooledSession`, which answers to what a `StreamSession` answers to (the adapters and the engine
 take either); each call it makes is queued for the pool's thread. That thread, in a loop: prefills every question
-waiting, together (rows of different lengths, each on its own cache), advances every answer whose reader has
+waiting, together (rows of different lengths, each on its own cache), then evicts for each (an answer's first
+token, from its question's logits, is picked by its reader meanwhile), advances every answer whose reader has
 taken its last token by one batched decode step, and runs one other turn (a clip), so answers keep coming while
 clips go in. An answer advances only when its reader asks for the next token, as a lone session's generator does:
 a reader that stops leaves its last token held back for the next turn, and nothing was decoded past it.
