@@ -79,8 +79,8 @@ def run(args):
                 records.append(record("streams", mode, BUDGET, metric, round(value, 4), n))
     for mode in MODES[1:]:  # ratios within each N's rounds: each pool against one of its streams asking alone, and
         for n in counts:  # against the lock
-            one = mode + ONE if n > 1 else mode
-            one, one_ttft = _value(records, one, n, "tokens_per_s"), _value(records, one, n, "ttft_p95_s")
+            alone = mode + ONE if n > 1 else mode
+            one, one_ttft = _value(records, alone, n, "tokens_per_s"), _value(records, alone, n, "ttft_p95_s")
             tokens = _value(records, mode, n, "tokens_per_s")
             records += [record("streams", f"{mode}: tokens/s vs one stream", BUDGET, "ratio", round(tokens / one, 3),
                                n),
