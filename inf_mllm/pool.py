@@ -314,12 +314,8 @@ class SessionPool:
 
     def _fault(self, session: StreamSession, err: BaseException) -> None:
         with self._cond:
-            answers = [a for a in self._answers if a.session is session]
-            if not answers:
+            if not self._end(session, err):
                 self._faults[session] = err
-            for answer in answers:
-                self._leave(answer)
-                self._give(answer, err)
 
     def _step(self, wanting: list[_Answer]) -> None:
         """One batched decode step for the answers whose last token is not in their cache yet (those whose caches
@@ -416,12 +412,15 @@ class SessionPool:
             self._answers.remove(answer)
             answer.session._pending = None if answer.token is None else answer.token[:, None].to(self.model.device)
 
-    def _end(self, session: StreamSession | None) -> None:
-        """A new turn of `session` ends its answer in progress, as a lone session's next turn does."""
+    def _end(self, session: StreamSession | None, item=_END) -> bool:
+        """A new turn of `session` ends its answer in progress, as a lone session's next turn does (its reader gets
+        `item`: the end, or an error); whether there was one."""
         with self._cond:
-            for answer in [a for a in self._answers if a.session is session]:
+            answers = [a for a in self._answers if a.session is session]
+            for answer in answers:
                 self._leave(answer)
-                self._give(answer, _END)
+                self._give(answer, item)
+            return bool(answers)
 
     def _fail_all(self, err: BaseException) -> None:
         for q in self._questions:
