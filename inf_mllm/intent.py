@@ -21,6 +21,7 @@ import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 _NUM = r"(\d+(?:\.\d+)?)"
 _TIME = re.compile(rf"^(?:(\d+):)?(?:(\d+):)?{_NUM}$|^(?:{_NUM}h)?(?:{_NUM}m)?(?:{_NUM}s)?$")
@@ -56,7 +57,7 @@ def references(text: str):
         meta.get("start", -1) <= t < meta.get("end", -1) for t in times)
 
 
-KINDS = ("is", "what", "when", "count", "other")
+KINDS = ("is", "what", "when", "count", "number", "other")  # count: how often; number: how many things
 WHENS = ("now", "past", "first", "last", "start", "ago", "within", "before", "after", "named", "all")
 
 _UNITS = {"second": 1, "sec": 1, "minute": 60, "min": 60, "hour": 3600}
@@ -98,7 +99,7 @@ _SAME = {"people": "person", "man": "person", "men": "person", "woman": "person"
 @dataclass(frozen=True)
 class Intent:
     text: str
-    kind: str  # KINDS: "is" (yes/no), "what", "when", "count", "other"
+    kind: str  # KINDS: "is" (yes/no), "what", "when", "count" (how often), "number" (how many), "other"
     when: str  # WHENS: where in time the question looks
     things: tuple[str, ...] = ()  # the words it asks about, in its own order ("cat")
     core: str = ""  # the question without its time phrase ("what did you see?")
@@ -114,6 +115,7 @@ class Resolution:
     why: str  # one line for the user: what was looked up and found
     hits: list[dict] = field(default_factory=list)  # every clip that saw the thing (counts, first/last)
     decided: bool = True  # False: the question needs words the clips do not carry (recall ranks by keys)
+    latest: dict | None = None  # the newest clip: what "how many … now?" counts in
 
 
 def singular(word: str) -> list[str]:
@@ -138,6 +140,7 @@ def read(text: str) -> Intent:
     """The intent of one question (any text: one that says nothing of time or things reads as the present)."""
     low = " ".join(re.sub(r"[^\w\s:'-]", " ", text.lower()).split())
     kind = ("count" if re.match(r"how (?:many times|often)\b", low) else
+            "number" if re.match(r"how many\b", low) else
             "when" if re.match(r"(?:and )?when\b", low) else
             "what" if re.match(r"what(?:'s)?\b(?! (?:animal|vehicle|food|colou?r|shape|kind)\b)", low) else
             "is" if re.match(r"(?:is|are|was|were|did|do|does|have|has|can|could)\b", low) else "other")
@@ -226,6 +229,8 @@ def resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
         hits = [m for m in hits if m["end"] > now - intent.ago_s]
         if not hits:
             return one(None, f"no {asked} in the last {intent.ago_s:g} s")
+    if intent.kind == "number" and intent.when == "now" and "objects" in log[-1]:
+        return Resolution([], None, f"the present: clip {log[-1]['clip']}'s detections", hits, latest=log[-1])
     if intent.when == "now" or asked is None:
         return Resolution([], None, "the present: nothing looked up", hits)
     if not hits:
@@ -251,6 +256,8 @@ def log_answer(intent: Intent, resolution: Resolution) -> str | None:
     have missed it); what the stream showed so far."""
     if intent.when == "all":
         return summary(resolution.hits)
+    if intent.kind == "number":
+        return number(intent, resolution)
     if intent.kind == "is" and intent.when in ("past", "first", "last", "within") and intent.things:
         hits = [m for m in resolution.hits if all(sees(m, t) for t in intent.things)]
         if hits:
@@ -268,6 +275,33 @@ def log_answer(intent: Intent, resolution: Resolution) -> str | None:
         meta = resolution.targets[0]
         return f"at {clock(meta['start'])} (clip {meta['clip']})"
     return None
+
+
+def number(intent: Intent, resolution: Resolution) -> str | None:
+    """How many of a thing the detector counted in the clip a question looks at (the newest for "now"), when the
+    thing is one it names (`counted`); None otherwise (the model answers)."""
+    meta = resolution.targets[-1] if resolution.targets else resolution.latest
+    if meta is None or "objects" not in meta or not intent.things:
+        return None
+    for thing in intent.things:
+        for word in singular(thing):
+            if word in counted():
+                n = meta["objects"].get(word, 0)
+                if not n:  # none counted: "none" unless the clip's words say otherwise (then the model answers)
+                    return None if sees(meta, word) else "none"
+                return f"{n} {'people' if word == 'person' and n > 1 else word if n == 1 else word + 's'}"
+    return None
+
+
+@lru_cache(maxsize=1)
+def counted() -> frozenset[str]:
+    """The words an object detector counts (COCO's and Open Images' everyday names, as `models.detector` and
+    tiny-vlm's `labels.OBJECTS` say them; kept here so the core needs no model package: a test holds them equal)."""
+    return frozenset("""person bicycle car motorcycle airplane bus train truck boat bench bird cat dog horse sheep cow
+        elephant bear zebra giraffe backpack umbrella handbag tie suitcase frisbee skis snowboard ball kite skateboard
+        surfboard bottle cup fork knife spoon bowl banana apple sandwich orange broccoli carrot pizza donut cake chair
+        couch plant bed table toilet tv laptop remote keyboard phone microwave oven toaster sink refrigerator book
+        clock vase scissors toothbrush vehicle desk monitor box camera mug""".split())
 
 
 def summary(log: list[dict], most: int = 8) -> str:

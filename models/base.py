@@ -79,6 +79,7 @@ class VideoAdapter(ABC):
 
     name: str = ""
     past_answers_stay: bool = True  # False: the engine's questions about a past clip leave with their answers
+    detect: bool = True  # the object detector reads every clip's frames for the clip log (`see`); `--no-detect`
     model: torch.nn.Module
     tokenizer: object
 
@@ -91,6 +92,20 @@ class VideoAdapter(ABC):
         may run ahead of the model. Its output goes to `append_clip`, on the model thread, in video
         order. Stateless adapters encode the whole clip here; stateful ones only extract features."""
         return EncodedClip(self.encode_clip(frames, timestamps))
+
+    def see(self, frames: np.ndarray, timestamps: Sequence[float]) -> EncodedClip:
+        """`encode`, and what the object detector found in the frames, whatever the model (issue 60): `objects`
+        (word → count), `boxes` (the last frame's) and, where the encoding gave no words, `seen` (the things' words),
+        so the clip log answers "did you see / when / how many" and recall links by words for every model. An
+        encoding that ran the detector itself (tiny-vlm, whose turn carries the words) is left as it is."""
+        encoded = self.encode(frames, timestamps)
+        if self.detect and "objects" not in encoded.meta:
+            from .detector import shared  # lazy: the TFLite runtime loads on the first clip
+
+            objects = shared().clip(frames)
+            encoded.meta.update(objects.meta())
+            encoded.meta.setdefault("seen", ", ".join(objects.counts) or "nothing recognised")
+        return encoded
 
     def fork(self) -> "VideoAdapter":
         """An adapter for one more concurrent stream on the same weights (stateless: itself)."""
@@ -212,7 +227,7 @@ class VideoAdapter(ABC):
 
     def add_clip(self, session: StreamSession, frames: np.ndarray, timestamps: Sequence[float], index: int) -> None:
         """Encode and append a clip whose frames were taken at `timestamps` (stream seconds, any spacing)."""
-        visual = self.encode(frames, timestamps)
+        visual = self.see(frames, timestamps)
         self.append_clip(session, visual, index, *clip_span(timestamps))
 
     def ask(self, session: StreamSession, question: str, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:

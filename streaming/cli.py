@@ -48,7 +48,16 @@ from .session_dir import SessionDir
 from .soak import run_soak_cli, soak_plan, soak_schedule
 from .sources import bundled_clip, open_source
 from .stdin import StdinQuestions
-from .streams import SOURCE_KEYS, check_several, open_folders, open_sources, run_streams, sources_of, stream_folders
+from .streams import (
+    SOURCE_KEYS,
+    check_several,
+    clip_record,
+    open_folders,
+    open_sources,
+    run_streams,
+    sources_of,
+    stream_folders,
+)
 
 DEFAULT_QUESTIONS = ("what is on screen? @4s", "is there a bicycle now? @8s", "what was on screen at the start? @10s",
                      "did you see a person? @10s", "when did the bicycle appear? @10s")
@@ -87,7 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "with a CUDA --device (a 7B model on an H200: 4.6 ms a token against 26-41 eager, after a "
                         "compile of about 90 s that the first answer waits for), off on a CPU (SmolLM2 on 2 cores: "
                         "no faster than eager, after about 2 min of compiling)")
+    m.add_argument("--no-detect", dest="detect", action="store_false",
+                   help="skip the object detector (a model that sees for itself: its clips then carry no detections, "
+                        "and \"how many …?\" goes to the model)")
     p.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    p.add_argument("--clips", action="store_true",
+                   help="with --json: a line per clip too: its clip, start, end, seen, objects and boxes")
     p.add_argument("--server", metavar="URL", help="run on a streaming-session server (python -m serve) instead of "
                    "here: this machine decodes and sends the frames, the server answers ($STREAM_QA_TOKEN: its token)")
     k = p.add_argument_group("memory soak")
@@ -106,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # the settings a session folder keeps; --resume takes them from there
 SESSION_SETTINGS = ("video", "webcam", "url", "fps", "clip_seconds", "fast", "loop", "model", "policy", "budget",
-                    "bias", "window", "max_new_tokens", "device")
+                    "bias", "window", "max_new_tokens", "device", "detect")
 
 
 def open_session_dir(args):
@@ -256,6 +270,7 @@ def _run(args, out) -> int:
     check_device(args.device)
     print(f"stream-qa: {video or args.url or f'webcam {args.webcam}'}; loading {name}…", file=sys.stderr)
     adapter = load_adapter(name, path[0] if path else None, device=args.device)
+    adapter.detect = args.detect
     if getattr(source, "frame_size", None):  # token counts (the budget's floor) from the real frames
         adapter.expect_frames(*source.frame_size)
     session = load_session(args, spec, adapter, folder)
@@ -275,9 +290,16 @@ def _run(args, out) -> int:
 
     def on_clip(clip):
         t = engine.telemetry
+        seen = clip.encoded.meta.get("objects")
         print(f"[{clip.end:7.1f}s] clip {clip.index:4d} | kv {session.kv_tokens} tok "
               f"{session.kv_bytes / 2**20:.1f} MB | ingest {t.ingest_speed:.1f}x real time"
-              + (f" | dropped {t.dropped}" if t.dropped else ""), file=sys.stderr)
+              + (f" | dropped {t.dropped}" if t.dropped else "")
+              + (f" | sees {', '.join(f'{n} {w}' for w, n in seen.items()) or 'nothing'}" if seen is not None else ""),
+              file=sys.stderr)
+        if args.json and args.clips:
+            print_clip(out, engine.log[-1])
+        if folder is not None:
+            folder.write_clip(engine.log[-1])
 
     def on_token(question, piece):
         if args.json:
@@ -299,6 +321,12 @@ def _run(args, out) -> int:
         if folder is not None:
             folder.close(session.store)
     return 0
+
+
+def print_clip(out, meta: dict) -> None:
+    """A clip's record line (--json --clips): its times, words and detections."""
+    out.write(json.dumps(clip_record(meta)) + "\n")
+    out.flush()
 
 
 def print_answer(args, out, answer, folder) -> None:
@@ -344,6 +372,7 @@ def _run_several(args, sources, out) -> int:
         check_device(args.device)
         print(f"stream-qa: {len(sources)} sources; loading {name}…", file=sys.stderr)
         adapter = load_adapter(name, path[0] if path else None, device=args.device)
+        adapter.detect = args.detect
     except BaseException:
         for folder in folders:
             if folder is not None:

@@ -161,7 +161,7 @@ class TurnEngine:
 
     def _emit(self, index: int, frames, times, t0: float, source) -> None:
         with torch.inference_mode():
-            visual = self.adapter.encode(np.stack(frames), times)
+            visual = self.adapter.see(np.stack(frames), times)
         end = clip_end(times, self.clip_seconds)
         spent = self._clock(source) - t0
         self.telemetry.ingest_s += spent

@@ -25,13 +25,13 @@ from inf_mllm import diskio
 from .errors import ConfigError
 from .questions import Question
 
-SETTINGS, TRANSCRIPT, STORE = "session.json", "transcript.jsonl", "store"
+SETTINGS, TRANSCRIPT, STORE, CLIPS = "session.json", "transcript.jsonl", "store", "clips.jsonl"
 _NUMBER, _TEXT = (int, float), (str,)
 # what each setting must be when read back (a hand-edited "fps": "2" is refused before the model loads)
 TYPES = {"video": _TEXT + (type(None),), "webcam": (int, type(None)), "url": _TEXT + (type(None),), "fps": _NUMBER,
          "clip_seconds": _NUMBER, "fast": (bool,), "loop": (int,), "model": (list,), "policy": _TEXT,
          "budget": _TEXT + (int,), "bias": _NUMBER + (type(None),), "window": (int, type(None)),
-         "max_new_tokens": (int,), "device": _TEXT}
+         "max_new_tokens": (int,), "device": _TEXT, "detect": (bool,)}
 
 
 def _warn(text: str) -> None:
@@ -49,8 +49,9 @@ class SessionDir:
         if not resume and settings.exists():
             raise ConfigError(f"--session {path}: a session is already there; continue it with --resume {path}")
         self._transcript = diskio.AppendLog(self.path / TRANSCRIPT)
+        self._clips = diskio.AppendLog(self.path / CLIPS)
         self._lock = diskio.FolderLock(self.path)
-        self.saving = {"settings": not resume, "transcript": True}
+        self.saving = {"settings": not resume, "transcript": True, "clips": True}
         try:
             diskio.make_folder(self.path)
             writable = self._lock.acquire()
@@ -203,14 +204,27 @@ class SessionDir:
         except OSError as err:
             self._stop("transcript", err)
 
+    def write_clip(self, meta: dict) -> None:
+        """A clip's log entry (times, words, the detector's objects and boxes) as one JSON line in clips.jsonl: what
+        the clip log held, whatever the policy (with recall the span store keeps it too)."""
+        if not self.saving["clips"]:
+            return
+        try:
+            self._clips.append((json.dumps(meta) + "\n").encode())
+        except OSError as err:
+            self._stop("clips", err)
+
     def _stop(self, what: str, err: OSError) -> None:
         self.saving[what] = False
-        self.warn(f"session {self.path}: {TRANSCRIPT} cannot be written ({diskio.why(err)}); answers from now on "
-                  f"are printed but not saved")
+        what = {"transcript": f"{TRANSCRIPT} cannot be written ({diskio.why(err)}); answers from now on are printed "
+                "but not saved", "clips": f"{CLIPS} cannot be written ({diskio.why(err)}); clips' detections from now "
+                "on are not saved"}[what]
+        self.warn(f"session {self.path}: {what}")
 
     def close(self, store=None) -> None:
         """Release the folder (and its store's lock) for the next writer."""
         self._transcript.close()
+        self._clips.close()
         if store is not None:
             store.close()
         self._lock.release()

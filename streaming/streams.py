@@ -97,6 +97,11 @@ def open_sources(args, sources) -> list:
             for label, where in sources]
 
 
+def clip_record(meta: dict) -> dict:
+    """What `--json --clips` prints of a clip: its times, words and the detector's objects and boxes."""
+    return {k: meta[k] for k in ("clip", "start", "end", "seen", "objects", "boxes") if k in meta}
+
+
 def run_streams(args, sources, questions, spec, adapter, out, folders=None, settings=None) -> int:
     """Every (label, source) through its own engine on one pool, each with its session folder if `folders` (resumed,
     or new: `settings[i]` saved in stream i's); returns the exit status (0, or EXIT_BAD_INPUT when a stream ended on
@@ -148,6 +153,10 @@ def run_streams(args, sources, questions, spec, adapter, out, folders=None, sett
                     print(f"{tag} [{clip.end:7.1f}s] clip {clip.index:4d} | kv {session.kv_tokens} tok "
                           f"{session.kv_bytes / MB:.1f} MB | ingest {t.ingest_speed:.1f}x real time"
                           + (f" | dropped {t.dropped}" if t.dropped else ""), file=sys.stderr)
+                    if folder is not None:
+                        folder.write_clip(engine.log[-1])
+                    if args.json and getattr(args, "clips", False):
+                        out.write(json.dumps({"stream": i, "input": label, **clip_record(engine.log[-1])}) + "\n")
 
             try:
                 for answer in engine.run(source, schedule, on_clip):

@@ -159,3 +159,38 @@ def test_plain_words_about_an_evicted_photo_on_real_tiny_vlm(vlm, policy):
         assert [c["clip"] for c in start.recalled] == [1] and "cat" in start.answer
     else:
         assert start.recalled == [] and "cat" not in start.answer
+
+
+COUNTED = [{"clip": 1, "start": 0.0, "end": 4.0, "seen": "person, car", "objects": {"person": 2, "car": 1}},
+           {"clip": 2, "start": 4.0, "end": 8.0, "seen": "person, bicycle", "objects": {"person": 1, "bicycle": 1}},
+           {"clip": 3, "start": 8.0, "end": 12.0, "seen": "suit (person)", "objects": {}}]
+
+
+@pytest.mark.parametrize("text, log, answer", [
+    ("how many people are there?", COUNTED[:2], "1 person"),  # the newest clip's detections
+    ("how many people are there now?", COUNTED[:1], "2 people"),
+    ("how many cars are there?", COUNTED[:2], "none"),  # counted, and its words hold no car either
+    ("how many people were there at the start?", COUNTED, "2 people"),
+    ("how many bicycles did you see?", COUNTED, "1 bicycle"),  # the last clip that saw one
+    ("how many people are there?", COUNTED, None),  # none counted, but its words say a person: the model answers
+    ("how many rockets are there?", COUNTED[:2], None),  # not a thing the detector counts
+    ("how many times did you see a person?", COUNTED, "once"),  # how often, not how many: one run of clips
+])
+def test_how_many_is_read_off_the_detections(text, log, answer):
+    intent = read(text)
+    assert log_answer(intent, resolve(intent, log, log[-1]["end"])) == answer
+
+
+def test_a_log_without_detections_leaves_how_many_to_the_model():
+    intent = read("how many people are there?")
+    assert intent.kind == "number"
+    assert log_answer(intent, resolve(intent, LOG, NOW)) is None  # tiny-vlm's words, no detector: no count
+
+
+def test_the_counted_words_are_the_detectors():
+    from inf_mllm.intent import counted
+    from models.detector import WORDS
+    from models.tiny_vlm.labels import OBJECTS
+
+    single = {w for w in OBJECTS if " " not in w} | {"person"}
+    assert set(WORDS.values()) - {"computer mouse"} <= counted() and single == counted()

@@ -25,6 +25,37 @@ PER_FRAME = 3  # classes looked at per frame
 MAX_LABELS = 3  # classes named per clip
 NOTHING = "nothing recognised"
 PERSON = 1000  # not an ImageNet class (ImageNet has none for people): "person", inferred by `perception.py`
+# things the object detector names (`models.detector.WORDS`): label ids after PERSON, each its own everyday word
+OBJECTS = ("bicycle", "car", "motorcycle", "airplane", "bus", "train", "truck", "boat", "traffic light", "fire hydrant",
+           "stop sign", "parking meter", "bench", "bird", "cat", "dog", "horse", "sheep", "cow", "elephant", "bear",
+           "zebra", "giraffe", "backpack", "umbrella", "handbag", "tie", "suitcase", "frisbee", "skis", "snowboard",
+           "ball", "kite", "baseball bat", "baseball glove", "skateboard", "surfboard", "tennis racket", "bottle",
+           "wine glass", "cup", "fork", "knife", "spoon", "bowl", "banana", "apple", "sandwich", "orange", "broccoli",
+           "carrot", "hot dog", "pizza", "donut", "cake", "chair", "couch", "plant", "bed", "table", "toilet", "tv",
+           "laptop", "computer mouse", "remote", "keyboard", "phone", "microwave", "oven", "toaster", "sink",
+           "refrigerator", "book", "clock", "vase", "scissors", "teddy bear", "hair dryer", "toothbrush",  # COCO's 79
+           "vehicle", "desk", "monitor", "box", "camera", "mug")  # and Open Images' others (Objectron's detector)
+FIRST_OBJECT = PERSON + 1
+
+
+def object_label(word: str) -> int | None:
+    """The label id of a word the detector says ("person" → `PERSON`), None for a word outside `OBJECTS`."""
+    if word == "person":
+        return PERSON
+    return FIRST_OBJECT + OBJECTS.index(word) if word in OBJECTS else None
+
+
+def object_word(i: int) -> str | None:
+    """The word of a detector label id (`PERSON` included), None for an ImageNet class."""
+    if i == PERSON:
+        return "person"
+    return OBJECTS[i - FIRST_OBJECT] if FIRST_OBJECT <= i < FIRST_OBJECT + len(OBJECTS) else None
+
+
+def all_labels(more: bool = False) -> tuple[int, ...]:
+    """Every label id a clip turn may carry: ImageNet's, and with `more` PERSON and the detector's."""
+    return (*range(len(names())), PERSON, *range(FIRST_OBJECT, FIRST_OBJECT + len(OBJECTS))) if more \
+        else tuple(range(len(names())))
 
 
 @lru_cache(maxsize=1)
@@ -105,8 +136,8 @@ def more_words() -> dict[int, str]:
 
 def everyday(i: int, more: bool = False) -> str | None:
     """The everyday word for class `i` ("bicycle" for a mountain bike), with `more_words` when `more`."""
-    if i == PERSON:
-        return "person"
+    if i >= PERSON:
+        return object_word(i)
     word = general_words().get(i)
     return more_words().get(i) if word is None and more else word
 
@@ -117,14 +148,16 @@ def categories() -> dict[str, frozenset[int]]:
     general = general_words()
     vehicles = {i for i, w in general.items() if w in ("bicycle", "car", "truck", "motorcycle", "bus", "boat",
                                                         "airplane", "train")}
-    return {"animal": frozenset(range(398)), "vehicle": frozenset(vehicles),
+    vehicles |= {object_label(w) for w in ("bicycle", "car", "vehicle", "motorcycle", "bus", "truck")}
+    animals = set(range(398)) | {object_label(w) for w in ("dog", "cat", "horse", "cow")}
+    return {"animal": frozenset(animals), "vehicle": frozenset(vehicles),
             "food": frozenset(_ids((924, 957), (959, 967), "cup") - _ids("cup"))}
 
 
 def display(i: int, more: bool = False) -> str:
     """"mountain bike (bicycle)", or the bare name when its everyday word is already in it ("tabby cat")."""
-    if i == PERSON:
-        return "person"
+    if i >= PERSON:
+        return object_word(i)
     name, word = names()[i], everyday(i, more)
     if word is None or re.search(rf"\b{word}\b", name.lower()):
         return name
@@ -156,8 +189,8 @@ def label_text(labels, more: bool = False) -> str:
 @cache
 def words_of(i: int, more: bool = False) -> frozenset[str]:
     """The lower-case words a question or an answer may use for class `i`: its name and everyday word."""
-    if i == PERSON:
-        return frozenset({"person"})
+    if i >= PERSON:
+        return frozenset({object_word(i)})
     word = everyday(i, more)
     return frozenset({names()[i].lower()} | ({word} if word else set()))
 
@@ -169,9 +202,9 @@ def words_of_all(labels, more: bool = False) -> set[str]:
 
 def mentioned(text: str, more: bool = False) -> set[int]:
     """Class ids whose name or everyday word `text` contains as whole words (lower case); with `more`,
-    `more_words` and `PERSON` ("person") too."""
+    `more_words`, `PERSON` ("person") and the detector's words too."""
     text = text.lower()
-    ids = (*range(len(names())), PERSON) if more else range(len(names()))
+    ids = all_labels(more)
     return {i for i in ids if any(_contains(text, w) for w in words_of(i, more))}
 
 

@@ -234,14 +234,17 @@ class TinyVLM(TinyTurns, VideoAdapter):
     def encode(self, frames: np.ndarray, timestamps: Sequence[float] = ()) -> EncodedClip:
         """`encode_clip`'s embeddings with the words of its labels as data (`encoded`)."""
         visual, probs = self.encode_parts(frames)
-        return self.encoded(visual, self.perceive(frames, probs))
+        labels, objects = self.perceiver.see(frames, probs, detect=self.detect)
+        return self.encoded(visual, labels, objects.meta() if objects is not None else {})
 
-    def encoded(self, visual: torch.Tensor, labels: Sequence[int]) -> EncodedClip:
-        """A clip's turn embeddings (`clip_embeddings`) and, in "text" label mode, `seen`: the words of the label text
-        its turn carries, for the clip log and the span store."""
-        meta = {}
-        if self.label_mode == "text":
-            meta["seen"] = self.label_text(self.fit_labels(labels)).strip().removeprefix("Seen:").strip().rstrip(".")
+    def encoded(self, visual: torch.Tensor, labels: Sequence[int], meta: dict | None = None) -> EncodedClip:
+        """A clip's turn embeddings (`clip_embeddings`) and, in "text" label mode, `seen`: the words of every label
+        perceived (the turn carries those that fit in `LABEL_TOKENS`: a long classifier label after three detected
+        things may not), for the clip log and the span store; `meta`: what else the clip log keeps (the detector's
+        `objects` and `boxes`)."""
+        meta = dict(meta or {})
+        if self.label_mode == "text":  # every label perceived: the turn holds those that fit (`fit_labels`)
+            meta["seen"] = self.label_text(labels).strip().removeprefix("Seen:").strip().rstrip(".")
         return EncodedClip(self.clip_embeddings(visual, labels), meta)
 
     def phrase(self, intent, clip: int | None) -> str:

