@@ -279,7 +279,7 @@ def log_answer(intent: Intent, resolution: Resolution) -> str | None:
 
 def number(intent: Intent, resolution: Resolution) -> str | None:
     """How many of a thing the detector counted in the clip a question looks at (the newest for "now"), when the
-    thing is one it names (`counted`); None otherwise (the model answers)."""
+    thing is one it names (`counted`); None otherwise (the model answers: tiny-vlm cannot count)."""
     meta = resolution.targets[-1] if resolution.targets else resolution.latest
     if meta is None or "objects" not in meta or not intent.things:
         return None
@@ -287,8 +287,8 @@ def number(intent: Intent, resolution: Resolution) -> str | None:
         for word in singular(thing):
             if word in counted():
                 n = meta["objects"].get(word, 0)
-                if not n:  # none counted: "none" unless the clip's words say otherwise (then the model answers)
-                    return None if sees(meta, word) else "none"
+                if not n:  # none counted: "none", unless the clip's other words name one (the classifier's)
+                    return f"at least 1 ({word} named, none counted)" if sees(meta, word) else "none"
                 return f"{n} {'people' if word == 'person' and n > 1 else word if n == 1 else word + 's'}"
     return None
 

@@ -17,8 +17,8 @@ are the standard SSD steps with the settings MediaPipe's Objectron graph uses (s
 scores), then per-class non-maximum suppression. The frame is stretched to 300×300 as that graph does.
 
 Per clip (`ClipObjects`): a thing counts when it is found in at least `VOTES` of the clip's frames (all of them
-in a shorter clip), and its count is the median over those frames, so a person passing in one frame of four does
-not make two people.
+in a shorter clip), or in one at `SURE` or more, and its count is the median over the frames that found it, so a
+person passing in one frame of four does not make two people.
 """
 
 import hashlib
@@ -52,6 +52,7 @@ MIN_SCORE = 0.4  # measured on the annotated clips (MediaPipe's own 0.5 named a 
 NMS_IOU = 0.45
 MAX_PER_FRAME = 20
 VOTES = 2
+SURE = 0.55  # a thing found once at this score counts all the same (a cyclist crossing in one second of four)
 
 # Open Images names → the everyday words the clip log, the questions and tiny-vlm use ("" → not named)
 WORDS = {"Person": "person", "Bicycle": "bicycle", "Stationary bicycle": "bicycle", "Car": "car",
@@ -179,8 +180,9 @@ def plural(word: str) -> str:
     return irregular.get(word, word + "s")
 
 
-def vote(frames: list[list[Box]], votes: int = VOTES) -> ClipObjects:
-    """Per-frame boxes → the clip's things: found in at least `votes` frames (every frame of a shorter clip),
+def vote(frames: list[list[Box]], votes: int = VOTES, sure: float = SURE) -> ClipObjects:
+    """Per-frame boxes → the clip's things: found in at least `votes` frames (every frame of a shorter clip) or once
+    at `sure` or more,
     counted by the median over the frames that found it, ordered by how many frames found it, then its best score."""
     need = min(votes, len(frames)) if frames else 1
     per: dict[str, list[int]] = {}
@@ -192,7 +194,7 @@ def vote(frames: list[list[Box]], votes: int = VOTES) -> ClipObjects:
             best[b.word] = max(best.get(b.word, 0.0), b.score)
         for w, n in here.items():
             per.setdefault(w, []).append(n)
-    kept = sorted((w for w in per if len(per[w]) >= need), key=lambda w: (-len(per[w]), -best[w]))
+    kept = sorted((w for w in per if len(per[w]) >= need or best[w] >= sure), key=lambda w: (-len(per[w]), -best[w]))
     return ClipObjects({w: int(np.median(per[w]) + 0.5) if len(per[w]) > 1 else per[w][0] for w in kept}, frames)
 
 

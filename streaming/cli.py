@@ -289,12 +289,15 @@ def _run(args, out) -> int:
     engine.resume_at, engine.video_t = resume_at, resume_at[1]
 
     def on_clip(clip):
+        from models.detector import plural  # here: torch has loaded by now
+
         t = engine.telemetry
         seen = clip.encoded.meta.get("objects")
         print(f"[{clip.end:7.1f}s] clip {clip.index:4d} | kv {session.kv_tokens} tok "
               f"{session.kv_bytes / 2**20:.1f} MB | ingest {t.ingest_speed:.1f}x real time"
               + (f" | dropped {t.dropped}" if t.dropped else "")
-              + (f" | sees {', '.join(f'{n} {w}' for w, n in seen.items()) or 'nothing'}" if seen is not None else ""),
+              + (f" | sees {', '.join(f'{n} {plural(w) if n > 1 else w}' for w, n in seen.items()) or 'nothing'}"
+                 if seen is not None else ""),
               file=sys.stderr)
         if args.json and args.clips:
             print_clip(out, engine.log[-1])
