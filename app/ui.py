@@ -99,6 +99,38 @@ def numbers(chat: Chat | None) -> str:
             f"**RSS** {s['rss_mb']:.0f} MB")
 
 
+def sighted(chat: Chat | None, on: bool = True):
+    """The newest clip's last frame with the detector's boxes and labels ("person 0.57"), as `gr.AnnotatedImage`
+    takes them (pixel boxes), or None before the first clip or with the boxes off."""
+    clip = getattr(chat, "shown", None) if on else None
+    if clip is None or clip.frame is None:
+        return None
+    height, width = clip.frame.shape[:2]
+    scale = (width, height, width, height)
+    boxes = [(tuple(round(v * s) for v, s in zip(b["box"], scale, strict=True)), f"{b['word']} {b['score']:.2f}")
+             for b in clip.encoded.meta.get("boxes", [])]
+    return clip.frame, boxes
+
+
+def sighted_label(chat: Chat | None) -> str:
+    clip = getattr(chat, "shown", None)
+    if clip is None:
+        return "What the detector sees"
+    counts = clip.encoded.meta.get("objects")
+    said = ", ".join(f"{n} {w}" for w, n in counts.items()) if counts else "nothing" if counts is not None else "off"
+    return f"What the detector sees · clip {clip.index} ({clip.start:.0f}-{clip.end:.0f} s): {said}"
+
+
+def clip_seen(chat: Chat | None) -> dict:
+    """The newest clip's entry in the clip log, for API clients: its index, times, words, counts and boxes."""
+    clip = getattr(chat, "shown", None)
+    if clip is None:
+        return {}
+    keep = ("seen", "objects", "boxes")
+    return {"clip": clip.index, "start": clip.start, "end": clip.end} | {
+        k: v for k, v in clip.encoded.meta.items() if k in keep}
+
+
 def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 1.0) -> gr.Blocks:
     open_chats: dict[str, Chat] = {}  # by browser session, so that closing the tab ends its engine at once
 
@@ -187,7 +219,7 @@ def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 
         chat.transcript_path.write_text("".join(json.dumps(a.as_dict()) + "\n" for a in chat.transcript))
         return str(chat.transcript_path)
 
-    def tick(video: gr.Video, chat, history):
+    def tick(video: gr.Video, chat, history, boxes_on):
         position = getattr(video, "playback_position", None) if video is not None else None
         if chat is not None and position is not None and isinstance(chat.source, PlaybackSource):
             chat.source.report(position)
@@ -199,7 +231,12 @@ def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 
                 history = say(history, n)
             notices.clear()
             chat_out = history
-        return *plots, numbers(chat), chat_out
+        clip = getattr(chat, "shown", None)
+        drawn = gr.skip() if boxes_on and clip is getattr(chat, "drawn", False) else \
+            gr.update(value=sighted(chat, boxes_on), label=sighted_label(chat), visible=boxes_on)
+        if chat is not None:
+            chat.drawn = clip if boxes_on else None  # redrawn only when a new clip comes in
+        return *plots, numbers(chat), chat_out, drawn
 
     def push_frame(frame, chat):
         if chat is not None and isinstance(chat.source, BrowserCamera) and frame is not None:
@@ -227,6 +264,9 @@ def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 
                         window = gr.Textbox("", label="Window l", placeholder="policy default", elem_id="window")
                 go = gr.Button("Start", variant="primary")
                 player = gr.Video(label="Video", interactive=False, autoplay=True, loop=True, elem_id="player")
+                boxes_on = gr.Checkbox(True, label="Boxes: what the detector found in the newest clip",
+                                       elem_id="boxes-on")
+                seen = gr.AnnotatedImage(label="What the detector sees", elem_id="seen", height=260)
             with gr.Column(scale=6):
                 chatbot = gr.Chatbot(label="Chat", height=360, elem_id="chat")
                 with gr.Row():
@@ -269,12 +309,15 @@ def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 
         send.click(**asked, api_name="ask")
         question.submit(**asked, api_name=False)
         timer = gr.Timer(1.0)
-        timer.tick(tick, [player, chat, chatbot], [tokens_plot, mb_plot, process_plot, stats, chatbot],
+        timer.tick(tick, [player, chat, chatbot, boxes_on], [tokens_plot, mb_plot, process_plot, stats, chatbot, seen],
                    api_name=False, concurrency_limit=None, show_progress="hidden")
+        boxes_on.change(lambda c, on: gr.update(value=sighted(c, on), label=sighted_label(c), visible=on),
+                        [chat, boxes_on], seen, api_name=False, show_progress="hidden")
         # the same numbers for API clients (no player: the server clock paces ingest)
         gr.Button(visible=False).click(lambda c: (c.samples if c else [], c.telemetry() if c else {}), chat,
                                        [gr.JSON(visible=False), gr.JSON(visible=False)], api_name="memory",
                                        concurrency_limit=None)
+        gr.Button(visible=False).click(clip_seen, chat, gr.JSON(visible=False), api_name="seen", concurrency_limit=None)
         webcam.stream(push_frame, [webcam, chat], None, stream_every=0.5, concurrency_limit=None,
                       api_name=False, show_progress="hidden")
 

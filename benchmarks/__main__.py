@@ -28,6 +28,8 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, help="override the streamed length (tiny_vlm: questions per setting)")
     parser.add_argument("--budgets", type=int, nargs="*",
                         help="override the budgets (stream_ppl, retrieval, arena; video_qa: the first)")
+    parser.add_argument("--model", help="natural: another model (models.ADAPTERS, e.g. chat-univi-tiny: a model whose "
+                        "turns carry no words, so the clip log holds only the object detector's)")
     parser.add_argument("--perception", help="tiny_vlm, real_scenes: a tiny-vlm perception preset "
                         "(models/tiny_vlm/perception.py; default: the model's)")
     parser.add_argument("--resume", action="store_true",

@@ -47,6 +47,7 @@ import torch
 from tqdm import tqdm
 
 from inf_mllm.intent import sees
+from models import load_adapter
 from models.tiny_vlm.labels import mentioned, words_of
 from models.tiny_vlm.model import TinyVLM
 from models.tiny_vlm.scenes import _video_path, article, frames_at, video_shape
@@ -387,7 +388,7 @@ def run(args):
     table = pieces()
     order = compose(rng, clips)
     asks = plan_questions(rng, order, table, n_questions)
-    vlm = TinyVLM()
+    vlm = load_adapter(args.model) if getattr(args, "model", None) else TinyVLM()
     visual = encode_pieces(vlm)
     policies = args.policies or POLICIES
     rows, memory = [], []
@@ -425,7 +426,7 @@ def plot(path: Path, recs: list[dict]) -> None:
         ax.set_title(title)
         ax.set_ylabel("accuracy")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"tiny-vlm, plain-words questions over {len(recs) and 'an hour of'} real footage, budget {BUDGET}")
+    fig.suptitle(f"plain-words questions over {len(recs) and 'an hour of'} real footage, budget {BUDGET}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

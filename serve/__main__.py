@@ -27,6 +27,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-questions", type=int, default=d.max_questions, help="in flight, all sessions together")
     p.add_argument("--max-upload-mb", type=float, default=d.max_upload_mb)
     p.add_argument("--idle", type=float, default=d.idle_s, metavar="S", help="close a session idle this long")
+    p.add_argument("--allow-url-host", action="append", default=[], metavar="HOST",
+                   help="open source URLs on HOST whatever it resolves to (a camera on the LAN; 127.0.0.1 for a "
+                        "stream on this machine); may be repeated. Otherwise only public addresses are opened")
+    p.add_argument("--allow-private-urls", action="store_true",
+                   help="open source URLs that resolve to private or link-local addresses (loopback still needs "
+                        "--allow-url-host)")
+    p.add_argument("--max-session-questions", type=int, default=d.max_session_questions,
+                   help="one session's questions waiting at once (for video time or a turn)")
     p.add_argument("--sse-batch-ms", type=float, default=d.sse_batch_ms, metavar="MS",
                    help="send an answer's tokens (after its first) that come within MS of each other as one chunk "
                         "(default 0: each at once; behind a proxy each chunk costs a hop)")
@@ -40,6 +48,7 @@ def main(argv=None) -> int:
         print(f"python -m serve: --media {args.media}: no such folder", file=sys.stderr)
         return 2
     for name, value in (("--max-sessions", args.max_sessions), ("--max-questions", args.max_questions),
+                        ("--max-session-questions", args.max_session_questions),
                         ("--max-upload-mb", args.max_upload_mb), ("--idle", args.idle)):
         if value <= 0:
             print(f"python -m serve: {name} must be above 0, got {value:g}", file=sys.stderr)
@@ -64,11 +73,14 @@ def main(argv=None) -> int:
             return 2
     config = ServerConfig(media=media, sessions=sessions, token=args.token or None, max_sessions=args.max_sessions,
                           max_questions=args.max_questions, max_upload_mb=args.max_upload_mb, idle_s=args.idle,
-                          sse_batch_ms=args.sse_batch_ms,
+                          sse_batch_ms=args.sse_batch_ms, allow_url_hosts=tuple(args.allow_url_host),
+                          allow_private_urls=args.allow_private_urls, max_session_questions=args.max_session_questions,
                           preload=tuple(args.model or ("tiny-vlm",)) + tuple(offered))
     print(f"python -m serve: loading {', '.join(config.preload)}; then http://{args.host}:{args.port} "
           f"(API docs at /docs)", file=sys.stderr, flush=True)
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5)
+    # h11 (not httptools): its limit on a request's head is what caps header size (64 KB here)
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5,
+                http="h11", h11_max_incomplete_event_size=64 * 1024)
     return 0
 
 

@@ -8,7 +8,6 @@ large an upload, 415 a wrong content type, 422 a field out of range, 429 (with R
 
 import asyncio
 import contextlib
-import io
 import json
 import secrets
 import sys
@@ -20,7 +19,7 @@ import numpy as np
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -28,6 +27,7 @@ from starlette.requests import ClientDisconnect
 from streaming.hosted import MODELS, Settings, shared_pool
 from streaming.sources import FileSource, SourceError
 
+from .guards import FrameRefused, RequestLimits, decode_frame
 from .limits import ServerConfig
 from .metrics import CONTENT_TYPE, Metrics
 from .sessions import Refused, Sessions
@@ -38,29 +38,40 @@ VIDEO_TYPES = ("video/mp4", "video/webm", "video/x-matroska", "video/quicktime",
                "application/octet-stream")
 
 
+STRICT = ConfigDict(extra="forbid")  # a misspelt field is refused with the known ones, never silently defaulted
+
+
 class SourceSpec(BaseModel):
-    file: str | None = Field(None, description="a file inside the server's media folder")
-    url: str | None = Field(None, description="an RTSP or HTTP(S) stream")
+    model_config = STRICT
+    file: str | None = Field(None, max_length=1024, description="a file inside the server's media folder")
+    url: str | None = Field(None, max_length=2048, description="an RTSP or HTTP(S) stream on an allowed host")
     realtime: bool = Field(True, description="play a file at its own speed (false: as fast as the model takes it)")
     loops: int = Field(1, ge=1, le=1000)
 
 
 class OpenRequest(BaseModel):
-    model: str = "tiny-vlm"
-    policy: str = Field("inf_mllm+recall", description="as stream-qa --policy")
-    budget: str = Field("256", description="as stream-qa --budget: tokens a layer, or a size such as 64MB")
-    bias: float | None = None
-    window: int | None = Field(None, ge=1)
-    fps: float = Field(1.0, gt=0, le=30)
-    clip_seconds: float = Field(2.0, gt=0, le=600)
+    model_config = STRICT
+    model: str = Field("tiny-vlm", max_length=200)
+    policy: str = Field("inf_mllm+recall", max_length=200, description="as stream-qa --policy")
+    budget: str = Field("256", max_length=32, description="as stream-qa --budget: tokens a layer, or a size: 64MB")
+    bias: float | None = Field(None, allow_inf_nan=False)
+    window: int | None = Field(None, ge=1, le=1_000_000)
+    fps: float = Field(1.0, gt=0, le=30, allow_inf_nan=False)
+    clip_seconds: float = Field(2.0, gt=0, le=600, allow_inf_nan=False)
     max_new_tokens: int = Field(16, ge=1, le=512)
     source: SourceSpec | None = Field(None, description="none: the client pushes frames")
 
 
 class AskRequest(BaseModel):
+    model_config = STRICT
     text: str = Field(min_length=1, max_length=2000)
-    at: float | None = Field(None, ge=0, description="answer at this video time (seconds), as '… @30s'")
+    at: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False,
+                             description="answer at this video time (seconds), as '… @30s'")
     stream: bool = Field(True, description="server-sent events (start, token…, answer); false: the record as JSON")
+
+
+MODELS_OF = {"source": SourceSpec, "": OpenRequest}  # where an unknown field sits → the model it does not belong to
+WAITING_EVERY_S = 5.0  # a question waiting for video says so this often
 
 
 def error(status: int, message: str, retry_after: float | None = None) -> JSONResponse:
@@ -114,6 +125,7 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
     app = FastAPI(title="stream-qa server", lifespan=lifespan, version="1",
                   description="Questions about live video, answered from a bounded KV cache (Inf-MLLM).")
     app.state.sessions, app.state.metrics, app.state.config = sessions, metrics, config
+    app.add_middleware(RequestLimits, max_json_bytes=int(config.max_json_kb * 1024), max_headers=config.max_headers)
 
     @app.exception_handler(Refused)
     async def _refused(request, err: Refused):
@@ -127,10 +139,16 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, err: RequestValidationError):
-        first = err.errors()[0] if err.errors() else {}
+        errors = err.errors()
+        first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0] if errors else {})
         if first.get("type") == "json_invalid":
             return error(400, f"malformed JSON: {one_line(first.get('ctx', {}).get('error', 'cannot be read'))}")
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "request"
+        path = [str(p) for p in first.get("loc", ()) if p != "body"]
+        where = ".".join(path) or "request"
+        if first.get("type") == "extra_forbidden":
+            model = AskRequest if request.url.path.endswith("/questions") else MODELS_OF.get(".".join(path[:-1]))
+            known = ", ".join(model.model_fields) if model else "see /docs"
+            return error(422, f"{where}: unknown field; known fields: {known}")
         return error(422, f"{where}: {one_line(first.get('msg', 'invalid'))}")
 
     @app.exception_handler(Exception)
@@ -262,21 +280,44 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
     @app.post("/v1/sessions/{session_id}/questions", dependencies=v1)
     async def ask(session_id: str, req: AskRequest):
         hosted = await find(session_id)
+        live = hosted.live
+        if live.in_flight >= config.max_session_questions:
+            raise Refused(429, f"this session has {live.in_flight} questions waiting ({config.max_session_questions} "
+                               "at most); retry once one is answered", retry_after=1)
         if sessions.questions_in_flight() >= config.max_questions:
             raise Refused(429, f"{config.max_questions} questions are being answered; retry shortly",
                           retry_after=1)
-        if hosted.live.finished.is_set():
+        if live.finished.is_set():
             raise Refused(409, "this session's stream failed; it answers no more questions (see its notices)")
         events = _ToLoop(asyncio.get_running_loop())
-        hosted.live.ask(req.text, req.at, out=events)
+        live.ask(req.text, req.at, out=events)
+
+        def waiting() -> bytes:
+            """While the video has not reached the question's time: an SSE `waiting` event (now / needed), so a
+            client can tell waiting from hanging."""
+            now = live.engine.video_t
+            if req.at is None or now >= req.at:
+                return b""
+            return _sse("waiting", {"video_t": round(now, 3), "needed": req.at,
+                                    "frames_pushed": hosted.pushed.pushed if hosted.pushed else None})
 
         async def answer_events(batch_s: float):
             """SSE chunks of the answer's events; tokens after the first that come within `batch_s` of each other
-            go out as one chunk (each chunk costs a hop through a proxy such as Ray's)."""
+            go out as one chunk (each chunk costs a hop through a proxy such as Ray's); `waiting` events at once and
+            every few seconds while the question waits for video."""
             loop, pending, deadline, tokens = asyncio.get_running_loop(), b"", None, 0
             getter = asyncio.ensure_future(events.queue.get())  # kept across waits: a timed-out wait loses nothing
+            started = False
             try:
+                first = waiting()
+                if first:
+                    yield first
                 while True:
+                    if not started and deadline is None:
+                        done, _ = await asyncio.wait({getter}, timeout=WAITING_EVERY_S)
+                        if not done:
+                            yield waiting() or b": still working\n\n"
+                            continue
                     if deadline is not None:
                         done, _ = await asyncio.wait({getter}, timeout=max(0.0, deadline - loop.time()))
                         if not done:
@@ -289,7 +330,7 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
                         yield pending + _sse("error", {"error": UNANSWERED})
                         return
                     if isinstance(item, tuple):
-                        chunk = _sse("start", {"video_t": item[1]})
+                        chunk, started = _sse("start", {"video_t": item[1]}), True
                     elif isinstance(item, str):
                         chunk, tokens = _sse("token", {"text": item}), tokens + 1
                     else:
@@ -320,20 +361,11 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
 
 
 def decode_image(data: bytes) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
-
+    """A pushed frame, its announced size checked before it is decoded (`guards.decode_frame`)."""
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            if image.format not in ("JPEG", "PNG"):
-                raise Refused(415, f"a frame must be JPEG or PNG, not {image.format}")
-            if image.width * image.height > 40_000_000:
-                raise Refused(413, f"a {image.width}x{image.height} frame is too large (40 megapixels at most)")
-            return np.asarray(image.convert("RGB"))
-    except UnidentifiedImageError:
-        raise Refused(400, "the frame is not a readable JPEG or PNG") from None
-    except (OSError, SyntaxError, ValueError) as err:
-        raise Refused(400, f"the frame is not a readable JPEG or PNG ({one_line(err) or type(err).__name__})") \
-            from None
+        return decode_frame(data)
+    except FrameRefused as err:
+        raise Refused(err.status, str(err)) from None
 
 
 def decode_video(data: bytes, fps: float) -> list:

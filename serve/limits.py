@@ -17,6 +17,18 @@ class ServerConfig:
     sse_batch_ms: float = 0.0  # an answer's tokens after its first, this close together, go out as one SSE chunk
     replica: str | None = None  # this process's name among a deployment's replicas (Ray Serve), in each state
     preload: tuple[str, ...] = field(default_factory=lambda: ("tiny-vlm",))  # models loaded before serving
+    allow_url_hosts: tuple[str, ...] = ()  # source URL hosts opened whatever they resolve to (a camera on the LAN)
+    allow_private_urls: bool = False  # source URLs may resolve to private and link-local addresses (not loopback)
+    max_session_questions: int = 4  # one session's questions waiting (for video time, or a turn) at once
+    max_json_kb: float = 64.0  # a JSON request body
+    max_headers: int = 100  # headers in one request; their total size is capped by the HTTP parser (64 KB)
+
+    @property
+    def url_policy(self):
+        from streaming.urls import UrlPolicy
+
+        return UrlPolicy(allow_hosts=frozenset(h.lower() for h in self.allow_url_hosts),
+                         allow_private=self.allow_private_urls)
 
     @property
     def max_upload_bytes(self) -> int:

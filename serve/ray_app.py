@@ -39,12 +39,14 @@ def server_config(args: dict) -> ServerConfig:
     for key, value in args.items():
         if key in ("media", "sessions"):
             out[key] = Path(value) if value else None
-        elif key in ("max_sessions", "max_questions"):
+        elif key in ("max_sessions", "max_questions", "max_session_questions", "max_headers"):
             out[key] = int(value)
-        elif key in ("max_upload_mb", "push_wait_s", "idle_s", "sse_batch_ms"):
+        elif key in ("max_upload_mb", "push_wait_s", "idle_s", "sse_batch_ms", "max_json_kb"):
             out[key] = float(value)
-        elif key == "preload":
+        elif key in ("preload", "allow_url_hosts"):
             out[key] = tuple(value.split(",")) if isinstance(value, str) else tuple(value)
+        elif key == "allow_private_urls":
+            out[key] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
         elif key == "token":
             out[key] = value or None
     return ServerConfig(**out)

@@ -4,11 +4,11 @@ closed on request or when idle. Errors are `Refused` with the HTTP status they a
 import json
 import re
 import secrets
+import shutil
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 from inf_mllm.pool import PoolFull
 from streaming.errors import ConfigError
@@ -17,10 +17,10 @@ from streaming.memory import trim_heap
 from streaming.pushed import PushedFrames
 from streaming.session_dir import SETTINGS, SessionDir
 from streaming.sources import SourceError, open_source
+from streaming.urls import UrlRefused, redact
 
 from .limits import ServerConfig
 
-URL_SCHEMES = ("rtsp", "rtsps", "http", "https")
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")  # what `secrets.token_urlsafe` gives: nothing a path could use
 CLOSED = "closed"  # in a session's folder: closed by its client, never resumed
 
@@ -38,6 +38,8 @@ def media_file(root: Path | None, name: str) -> Path:
     if root is None:
         raise Refused(403, "this server pulls no files: it was started without --media DIR")
     path = Path(name)
+    if any(len(part.encode()) > 255 for part in path.parts):
+        raise Refused(422, "a file name of more than 255 bytes in one part of its path")
     if not name or path.is_absolute() or ".." in path.parts or "\x00" in name:
         raise Refused(403, f"{name!r}: a file must be named by its path inside the media folder, without '..'")
     root = root.resolve()
@@ -49,11 +51,6 @@ def media_file(root: Path | None, name: str) -> Path:
     return full
 
 
-def stream_url(url: str) -> str:
-    scheme = urlparse(url).scheme.lower()
-    if scheme not in URL_SCHEMES:
-        raise Refused(400, f"{url!r}: a source URL must be {', '.join(URL_SCHEMES)}")
-    return url
 
 
 @dataclass
@@ -106,9 +103,14 @@ class Sessions:
                 make, label, described = self._source(settings, source)
                 if self.config.sessions is not None:
                     folder = SessionDir(self.config.sessions / session_id, resume=resume)
-                    if not resume:
-                        folder.save_settings({"server": settings.__dict__, "source": source})
-                live = HostedSession(settings, make, label, answers_after_end=True, folder=folder)
+                    if not resume:  # the source as described: a URL's credentials are never written
+                        folder.save_settings({"server": settings.__dict__, "source": source | described})
+                try:
+                    live = HostedSession(settings, make, label, answers_after_end=True, folder=folder)
+                except BaseException:
+                    if folder is not None and not resume:  # a refused open leaves no folder behind
+                        shutil.rmtree(folder.path, ignore_errors=True)
+                    raise
             except BadInput as err:
                 if isinstance(err.__cause__, PoolFull):
                     raise Refused(429, str(err), retry_after=5) from None
@@ -162,10 +164,14 @@ class Sessions:
             path = media_file(self.config.media, str(source["file"]))
             opened = open_source(video=path, fps=settings.fps, realtime=realtime, loops=loops)  # checked now
             return (lambda stop: opened), path.name, {"kind": "file", "file": str(source["file"])}
-        if kinds == ["url"]:
-            url = stream_url(str(source["url"]))
-            return ((lambda stop: open_source(url=url, fps=settings.fps, realtime=realtime)), url,
-                    {"kind": "url", "url": url})
+        if kinds == ["url"]:  # checked here, and again (with the redirect and playlist checks) as it opens
+            url, policy = str(source["url"]), self.config.url_policy
+            try:
+                policy.check(url)
+            except UrlRefused as err:
+                raise Refused(400, str(err)) from None
+            return ((lambda stop: open_source(url=url, fps=settings.fps, realtime=realtime, policy=policy)),
+                    redact(url), {"kind": "url", "url": redact(url)})  # credentials stay in memory
         return (lambda stop: PushedFrames(stop)), "pushed frames", {"kind": "push"}
 
     def held(self, session_id: str) -> Hosted | None:
@@ -209,7 +215,9 @@ class Sessions:
         return [h.id for h in self.all() if now - h.live.last_active > self.config.idle_s]
 
     def questions_in_flight(self) -> int:
-        return sum(h.live.in_flight for h in self.all())
+        """Questions due and not yet answered, all sessions together; one waiting for video it has not been sent
+        counts against its own session only (`max_session_questions`), so one client cannot take the server's."""
+        return sum(h.live.in_flight - h.live.waiting_for_video for h in self.all())
 
     def close_all(self) -> None:
         """At shutdown: every session closed, its folder left to be continued."""

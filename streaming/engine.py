@@ -41,6 +41,7 @@ class Clip:
     end: float
     encoded: EncodedClip  # the adapter's `encode`: (N, hidden) embeddings (or features) and what it learned
     encode_s: float
+    frame: np.ndarray | None = None  # its last frame, at most `SHOWN_WIDTH` wide: what the app draws the boxes on
 
 
 @dataclass
@@ -166,7 +167,7 @@ class TurnEngine:
         spent = self._clock(source) - t0
         self.telemetry.ingest_s += spent
         self.telemetry.video_s += end - times[0]
-        self._put(Clip(index, times[0], end, visual, spent))
+        self._put(Clip(index, times[0], end, visual, spent, shown(frames[-1])))
 
     def _put(self, item, force: bool = False) -> None:
         """Queue a clip (or, `force`d, the end): never dropped, but given up once the model thread has stopped."""
@@ -348,6 +349,15 @@ class TurnEngine:
             kv_mb=self.session.kv_bytes / 2**20, rss_mb=psutil.Process().memory_info().rss / 2**20,
             recalled=recalled, looked_up=reading.resolution.why, source="model" if direct is None else "clip log",
             exchange=self.session.exchange.as_dict() if direct is None and self.session.exchange else None)
+
+
+SHOWN_WIDTH = 640
+
+
+def shown(frame: np.ndarray) -> np.ndarray:
+    """A frame small enough to keep one per stream for display (every other row and column until it fits)."""
+    step = -(-frame.shape[1] // SHOWN_WIDTH)
+    return np.ascontiguousarray(frame[::step, ::step])
 
 
 def _first_line(err: BaseException) -> str:

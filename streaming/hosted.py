@@ -145,6 +145,11 @@ class HostedSession(LiveSession):
             self.folder.write_answer(answer)  # on disk before the client has it
         super()._answered(answer)
 
+    def _on_clip(self, clip) -> None:
+        if self.folder is not None and self.engine.log:
+            self.folder.write_clip(self.engine.log[-1])  # its words, counts and boxes, in clips.jsonl
+        super()._on_clip(clip)
+
     def close(self) -> None:
         store = self.session.store if self.session is not None else None
         super().close()

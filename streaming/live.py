@@ -74,6 +74,7 @@ class LiveSession:
         self.schedule = LockedSchedule()
         self.waiting: dict[int, tuple] = {}  # id(question) -> (the question, its queue), until it is answered
         self.current = None
+        self.shown = None  # the newest clip appended (`_on_clip`)
         self.transcript: list[Answer] = list(transcript or [])
         self.samples: list[dict] = []
         self.notices: list[str] = []  # things a page should say in its chat (a source that failed)
@@ -122,6 +123,7 @@ class LiveSession:
         self.notice_log.append(text)
 
     def _on_clip(self, clip) -> None:
+        self.shown = clip  # the newest clip in the cache: the app draws its last frame with the detector's boxes
         self._sample(clip.end, "clip")
 
     def _on_token(self, question: Question, piece: str | None) -> None:
@@ -162,6 +164,12 @@ class LiveSession:
     def in_flight(self) -> int:
         """Questions asked and not yet answered."""
         return len(self.waiting) + (self.current is not None)
+
+    @property
+    def waiting_for_video(self) -> int:
+        """Questions asked at a video time the stream has not reached: they hold no model time yet."""
+        now = self.engine.video_t
+        return sum(1 for question, _ in list(self.waiting.values()) if question.at is not None and question.at > now)
 
     def telemetry(self) -> dict:
         t, last = self.engine.telemetry, self.transcript[-1] if self.transcript else None

@@ -8,6 +8,7 @@ that into 429 and Retry-After), so a client faster than the model slows down ins
 import math
 import queue
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -20,14 +21,16 @@ _END = object()
 class PushedFrames(FrameSource):
     live = False  # the client waits for room: nothing it sent is dropped
 
-    def __init__(self, stop: threading.Event, capacity: int = 16):
+    def __init__(self, stop: threading.Event, capacity: int = 16, max_bytes: int = 64 * 2**20):
         self.stop = stop
         self.frames: queue.Queue = queue.Queue(maxsize=capacity)
+        self.max_bytes, self.queued_bytes = max_bytes, 0  # decoded bytes waiting: a frame count alone lets 16
+        self.size: tuple[int, int] | None = None  # the session's frame size: the first frame's (H, W)
         self.last_t: float | None = None
         self.pushed = 0
         self.ending = False
         self.waited_s = 0.0  # time spent waiting for the client's frames, left out of the ingest speed
-        self._lock = threading.Lock()
+        self._lock, self._bytes = threading.Lock(), threading.Lock()
 
     def push(self, rgb: np.ndarray, t: float, wait: float = 5.0) -> bool:
         """One frame at video time `t` seconds; False when the queue stayed full for `wait` seconds (try later)."""
@@ -38,14 +41,32 @@ class PushedFrames(FrameSource):
                 raise SourceError(f"a frame's time must be a number of seconds >= 0, got {t}")
             if self.last_t is not None and t <= self.last_t:
                 raise SourceError(f"frame times must grow: {t:g} s after {self.last_t:g} s")
-            frame = Frame(float(t), np.ascontiguousarray(rgb[..., :3], dtype=np.uint8))
+            frame = Frame(float(t), self.fitted(np.ascontiguousarray(rgb[..., :3], dtype=np.uint8)))
+            deadline = time.monotonic() + wait
+            while self.queued_bytes and self.queued_bytes + frame.rgb.nbytes > self.max_bytes:
+                if time.monotonic() >= deadline or self.stop.is_set():
+                    return False
+                time.sleep(0.02)  # the engine takes frames within a clip's time
             try:
-                self.frames.put(frame, timeout=wait)
+                self.frames.put(frame, timeout=max(0.0, deadline - time.monotonic()))
             except queue.Full:
                 return False
+            with self._bytes:
+                self.queued_bytes += frame.rgb.nbytes
             self.last_t = frame.t
             self.pushed += 1
             return True
+
+    def fitted(self, rgb: np.ndarray) -> np.ndarray:
+        """A frame at the session's size: a camera that switches resolution mid-clip is resized, never a stream
+        that dies of frames that will not stack."""
+        if self.size is None:
+            self.size = rgb.shape[:2]
+        if rgb.shape[:2] == self.size:
+            return rgb
+        import cv2
+
+        return cv2.resize(rgb, (self.size[1], self.size[0]), interpolation=cv2.INTER_AREA)
 
     def end(self) -> None:
         """No more frames: the engine closes the last clip and answers what is still asked."""
@@ -70,4 +91,6 @@ class PushedFrames(FrameSource):
                 self.waited_s += self.clock() - t0
             if item is _END:
                 return
+            with self._bytes:
+                self.queued_bytes -= item.rgb.nbytes
             yield item

@@ -27,6 +27,7 @@ import numpy as np
 
 from .frames import Frame, FrameSource, SourceError  # noqa: F401 (re-exported: the sources' protocol)
 from .pipes import is_pipe, read_head, relay, streamable
+from .urls import LOCAL, UrlPolicy, network_only, redact
 
 # ffmpeg inside OpenCV logs at this level (-8: quiet); our one-line SourceError says what went wrong
 os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
@@ -236,7 +237,7 @@ class CaptureSource(FrameSource):
                  pipe: str | None = None):
         self.target, self.fps, self.max_seconds, self.realtime = target, fps, max_seconds, realtime
         self.waited_s = 0.0  # time spent waiting for the video clock (a served file, a pipe)
-        what = f"webcam {target} (/dev/video{target})" if isinstance(target, int) else f"stream {target}"
+        what = f"webcam {target} (/dev/video{target})" if isinstance(target, int) else f"stream {redact(target)}"
         what = f"the pipe {pipe}" if pipe else what
         if not (math.isfinite(fps) and fps > 0):
             raise SourceError(f"sampling rate must be a positive number, got {fps}")
@@ -246,9 +247,10 @@ class CaptureSource(FrameSource):
                 os.close(int(target.rsplit("/", 1)[1]))  # OpenCV opened its own descriptor of it
             elif isinstance(target, int) or "://" not in target:  # a webcam, or a GStreamer pipeline (CSI camera)
                 self.cap = cv2.VideoCapture(target)
-            else:  # a stream that never answers fails after 10 s rather than hanging
-                self.cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, 10_000,
-                                                                     cv2.CAP_PROP_READ_TIMEOUT_MSEC, 10_000])
+            else:  # a stream that never answers fails after 10 s rather than hanging; FFmpeg on network protocols
+                with network_only():
+                    self.cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, 10_000,
+                                                                         cv2.CAP_PROP_READ_TIMEOUT_MSEC, 10_000])
             ok, self._first = self.cap.read() if self.cap.isOpened() else (False, None)
         if not self.cap.isOpened():
             raise SourceError(f"cannot open {what}: check that it exists and is not in use")
@@ -300,14 +302,15 @@ class CaptureSource(FrameSource):
 
 
 def open_source(video=None, webcam: int | None = None, url: str | None = None, fps: float = 1.0,
-                realtime: bool = True, loops: int = 1):
-    """The one entry point: exactly one of a file, a webcam index or a URL."""
+                realtime: bool = True, loops: int = 1, policy: UrlPolicy = LOCAL):
+    """The one entry point: exactly one of a file, a webcam index or a URL (opened only if `policy` allows it:
+    `urls.LOCAL` for a user's own run, the server's own for a server)."""
     if sum(x is not None for x in (video, webcam, url)) != 1:
         raise SourceError("give exactly one source: a video file, --webcam N or --url URL")
     if webcam is not None:
         return CaptureSource(webcam, fps)
     if url is not None:
-        return CaptureSource(url, fps, realtime=realtime)
+        return CaptureSource(policy.open_check(url), fps, realtime=realtime)
     path = Path(video)
     if not (path.exists() and is_pipe(path)):
         return FileSource(video, fps, realtime, loops)

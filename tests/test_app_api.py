@@ -179,3 +179,14 @@ def test_an_idle_session_is_released_with_its_engine(tmp_path):
             time.sleep(0.5)
         assert memory(c) == ([], {})  # released: the page would say "No session yet"
         assert server.num_threads() <= threads_running - 2
+
+
+def test_the_newest_clip_shows_what_the_detector_found(url):
+    """The page draws the newest clip's boxes (`gr.AnnotatedImage`); API clients read the same clip log entry."""
+    c = client(url)
+    start(c)
+    wait_for(c, 8.0)
+    seen = c.predict(api_name="/seen")
+    assert seen["clip"] >= 2 and seen["objects"] and "seen" in seen
+    assert all(set(b) == {"word", "score", "box"} and 0 <= min(b["box"]) <= max(b["box"]) <= 1 for b in seen["boxes"])
+    assert set(seen["objects"]) <= set(seen["seen"].replace(",", " ").split()) | {"vehicle"}

@@ -203,3 +203,20 @@ def test_bad_inputs_show_a_message_and_the_page_keeps_working(new_page, tmp_path
     page.fill("#bias textarea, #bias input", "lots")
     page.press("#bias textarea, #bias input", "Enter")
     wait(lambda: any(m == "⚠ bias 'lots' is not a number" for m in messages(page)))
+
+
+def test_the_detectors_boxes_are_drawn_and_the_toggle_hides_them(new_page):
+    page = new_page()
+    start(page)
+    play(page)
+    wait(lambda: stats(page).get("clips", 0) >= 2)
+    wait(lambda: page.query_selector("#seen img") is not None)
+    label = page.inner_text("#seen")
+    assert re.search(r"clip \d+ \(\d+-\d+ s\)", label), label  # which clip the boxes are of, and what it counted
+    time.sleep(1)
+    page.screenshot(path=str(ARTEFACTS / "app-boxes.png"), full_page=True)
+    page.locator("#seen").screenshot(path=str(DOCS / "app-boxes.png"))
+    page.locator("#boxes-on input").uncheck()
+    wait(lambda: not page.is_visible("#seen"))
+    page.locator("#boxes-on input").check()
+    wait(lambda: page.query_selector("#seen img") is not None and page.is_visible("#seen"))

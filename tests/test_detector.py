@@ -78,3 +78,20 @@ def test_a_model_without_words_gets_the_detections_in_its_clip_log():
         ("person", "people"))
     adapter.detect = False
     assert "objects" not in adapter.see(frames, [4.0, 5.0, 6.0, 7.0]).meta  # --no-detect
+
+
+def test_a_session_folder_keeps_every_clips_detections(tmp_path, capsys):
+    """stream-qa --session: clips.jsonl holds each clip's log entry (words, counts, boxes); --json --clips prints it."""
+    from streaming.cli import main
+
+    folder = tmp_path / "s"
+    code = main(["--fast", "--session", str(folder), "--json", "--clips", "--clip-seconds", "5", "--max-new-tokens",
+                 "2", "--ask", "how many bicycles are there? @10s"])
+    assert code == 0
+    saved = [json.loads(line) for line in (folder / "clips.jsonl").read_text().splitlines()]
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [c["clip"] for c in saved] == [1, 2] and all("objects" in c and "boxes" in c for c in saved)
+    assert saved == [r for r in printed if "question" not in r]
+    assert "bicycle" in saved[1]["objects"]
+    answer = next(r for r in printed if "question" in r)
+    assert answer["source"] == "clip log" and answer["answer"].endswith(("bicycle", "bicycles"))

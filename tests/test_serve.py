@@ -47,7 +47,9 @@ def test_pushed_frames_answer_as_server_sent_events_and_the_session_reports_itse
             assert session.push(frame.rgb, frame.t)["frames"] >= 1
         events = list(session.events("is there a bicycle now?", at=4.0))
         kinds = [e for e, _ in events]
-        assert kinds[0] == "start" and kinds[-1] == "answer" and set(kinds[1:-1]) <= {"token"}
+        started = kinds.index("start")  # before it, only `waiting` (the video had not reached 4 s when asked)
+        assert set(kinds[:started]) <= {"waiting"} and kinds[-1] == "answer" and set(kinds[started + 1:-1]) <= {"token"}
+        assert all(d["needed"] == 4.0 and d["video_t"] < 4.0 for e, d in events if e == "waiting")
         record = events[-1][1]
         assert record["video_t"] == 4.0  # asked at 4 s: answered once the clip covering it was in
         assert record["answer"] == "".join(d["text"] for e, d in events if e == "token").strip()
@@ -96,7 +98,7 @@ def test_stream_qa_on_a_server_answers_what_it_answers_here(server):
     remote = subprocess.run([*args, "--server", url], capture_output=True, text=True, timeout=300, env=env)
     here = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert remote.returncode == here.returncode == 0, remote.stderr
-    assert _records(remote.stdout) == _records(here.stdout) and len(_records(here.stdout)) == 5
+    assert _records(remote.stdout) == _records(here.stdout) and len(_records(here.stdout)) == 6
     wrong = subprocess.run([*args, "--server", url], capture_output=True, text=True, timeout=300,
                            env=dict(os.environ, STREAM_QA_TOKEN="nope"))
     assert wrong.returncode == 2 and wrong.stderr.strip().splitlines()[-1].startswith("stream-qa: server: a bearer")

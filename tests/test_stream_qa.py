@@ -222,14 +222,20 @@ def test_sighup_and_sigquit_stop_like_sigterm_with_every_answer_saved(name, tmp_
 
 
 def test_the_demo_asks_in_plain_words_and_recalls_the_start():
-    """`make demo` (`stream-qa --budget 96`): five plain-words questions; the default policy recalls, so
+    """`make demo` (`stream-qa --budget 96`): six plain-words questions; the default policy recalls, so
     "what was on screen at the start?" links clip 1 back once it has left the 96-token cache, "is there a
-    bicycle now?" is answered from the clip on screen (nothing linked), and "when …?" is read off the
-    clip log."""
-    out = run_cli("--fast", "--budget", "96", "--json")
+    bicycle now?" is answered from the clip on screen (nothing linked), "when …?" is read off the clip log, and
+    "how many people …?" off the detector's count in the clip on screen (the cyclist at 5 s)."""
+    out = run_cli("--fast", "--budget", "96", "--json", "--clips")
     assert out.returncode == 0, out.stderr
-    rows = {r["question"]: r for r in map(json.loads, out.stdout.splitlines())}
-    assert len(rows) == 5
+    records = list(map(json.loads, out.stdout.splitlines()))
+    clips = [r for r in records if "question" not in r]
+    assert [c["clip"] for c in clips] == [1, 2, 3] and {"person", "bicycle"} <= set(clips[1]["objects"])
+    assert all(set(b) == {"word", "score", "box"} for c in clips for b in c["boxes"])
+    rows = {r["question"]: r for r in records if "question" in r}
+    assert len(rows) == 6
+    many = rows["how many people are there?"]
+    assert many["source"] == "clip log" and many["answer"] == "1 person" and "clip 2" in many["looked_up"]
     now, start = rows["is there a bicycle now?"], rows["what was on screen at the start?"]
     assert now["recalled"] == [] and now["answer"] == "yes" and now["looked_up"].startswith("the present")
     assert start["looked_up"].startswith("the start: clip 1") and [c["clip"] for c in start["recalled"]] == [1]

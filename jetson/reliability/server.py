@@ -24,10 +24,11 @@ from PIL import Image
 
 from streaming.remote import encoded
 
+from . import hostile
 from .media import clip, write_video
 
 TOKEN = "reliability-token"
-LIMITS = {"max_sessions": 4, "max_questions": 2, "max_upload_mb": 1.0}
+LIMITS = {"max_sessions": 4, "max_questions": 4, "max_upload_mb": 1.0, "max_session_questions": 6}
 
 
 @dataclass
@@ -313,6 +314,7 @@ ROWS = [
     Row("slow client holding a connection", 0, _slow_client),
     Row("500 opens at once", 0, _many_opens),
 ]
+ROWS += hostile.rows(Row, _pushed_then, LIMITS)
 
 
 def judge(row: Row, result) -> dict:
@@ -385,7 +387,9 @@ def serving(tmp: Path, *extra: str, token: str | None = TOKEN, **limits):
     settings = LIMITS | limits
     args = [sys.executable, "-m", "serve", "--port", str(port), "--media", str(media),
             "--max-sessions", str(settings["max_sessions"]), "--max-questions", str(settings["max_questions"]),
-            "--max-upload-mb", str(settings["max_upload_mb"]), *extra]
+            "--max-upload-mb", str(settings["max_upload_mb"]),
+            "--max-session-questions", str(settings["max_session_questions"]),
+            "--allow-url-host", "127.0.0.1", *extra]  # a camera host the operator allows: 127.0.0.2 stays refused
     env = dict(os.environ, STREAM_QA_TOKEN=token or "")
     log = open(tmp / "server.log", "wb")
     process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -44,6 +44,7 @@ from inf_mllm import AssetError
 from .labels import MAX_LABELS, PER_FRAME, PERSON, THRESHOLD, clothing, everyday, object_label
 
 MAX_OBJECTS = 3  # detector things named per clip, before the classifier's labels
+MAX_TILES = 4  # tiles of one frame, at most: a frame of any shape costs at most five views
 
 TILE_THRESHOLD = 0.3  # a tile's top class is named from this probability on
 PERSON_THRESHOLD = 0.05  # a clothing class in a view's top 5 at this probability implies a person
@@ -101,7 +102,7 @@ def tile_boxes(height: int, width: int) -> list[tuple[int, int, int]]:
     """(top, left, side) of square tiles of side min(H, W) spread evenly along the long side, overlapping
     where it is not a whole multiple; none for a square frame (its one tile would be the frame)."""
     side, long = min(height, width), max(height, width)
-    count = -(-long // side)
+    count = min(-(-long // side), MAX_TILES)  # a 1×2000 strip is 4 tiles, not 2,000 (issue 61)
     if count < 2:
         return []
     starts = np.linspace(0, long - side, count).round().astype(int).tolist()

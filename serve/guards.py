@@ -1,0 +1,114 @@
+"""What a request may carry before any handler reads it (issue 61): JSON bodies and headers within limits, and frames
+whose announced size is checked before a pixel is decoded.
+
+- A JSON body over `max_json_kb` is refused with 413 as its bytes arrive (a declared length is refused at once), so
+  a 64 MB body never sits in memory; uploads keep their own limit (`max_upload_mb`).
+- More than `max_headers` headers: 431. Their total size is capped by the HTTP parser (`python -m serve` runs h11
+  with a 64 KB limit on a request's head).
+- A frame (JPEG or PNG) is opened lazily: its header says its size, which must be within `MAX_SIDE` a side,
+  `MAX_PIXELS` in all and `MAX_ASPECT` between its sides, and at least 1 pixel; only then is it decoded. A 94-byte
+  PNG announcing 1×2000 pixels is refused by its shape; one announcing 20000×20000 by its size, before Pillow would
+  warn of a decompression bomb.
+"""
+
+import io
+import json
+
+import numpy as np
+
+MAX_SIDE = 8192
+MAX_PIXELS = 40_000_000
+MAX_HEADER_BYTES = 32 * 1024
+MAX_ASPECT = 8.0  # wider than a 32:9 panorama twice over; a 1×2000 strip is no camera frame
+
+
+class FrameRefused(ValueError):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def decode_frame(data: bytes) -> np.ndarray:
+    """JPEG or PNG bytes → (H, W, 3) uint8, after the header's size passed the bounds; `FrameRefused` otherwise."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            if image.format not in ("JPEG", "PNG"):
+                raise FrameRefused(415, f"a frame must be JPEG or PNG, not {image.format}")
+            check_size(image.width, image.height)
+            image.draft("RGB", image.size)  # JPEG: no upscaled intermediate
+            return np.asarray(image.convert("RGB"))
+    except UnidentifiedImageError:
+        raise FrameRefused(400, "the frame is not a readable JPEG or PNG") from None
+    except Image.DecompressionBombError:
+        raise FrameRefused(413, f"a frame of more than {MAX_PIXELS:,} pixels") from None
+    except (OSError, SyntaxError, ValueError) as err:
+        if isinstance(err, FrameRefused):
+            raise
+        line = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise FrameRefused(400, f"the frame is not a readable JPEG or PNG ({line})") from None
+
+
+def check_size(width: int, height: int) -> None:
+    if width < 1 or height < 1:
+        raise FrameRefused(400, f"a {width}x{height} frame has no pixels")
+    if width > MAX_SIDE or height > MAX_SIDE or width * height > MAX_PIXELS:
+        raise FrameRefused(413, f"a {width}x{height} frame is too large ({MAX_SIDE} pixels a side and "
+                                f"{MAX_PIXELS // 1_000_000} megapixels at most)")
+    if max(width, height) > MAX_ASPECT * min(width, height):
+        raise FrameRefused(422, f"a {width}x{height} frame: its sides differ more than {MAX_ASPECT:g}:1")
+
+
+class RequestLimits:
+    """ASGI middleware: too many headers, or too many bytes of them → 431; a JSON body past `max_json_bytes` → 413,
+    before more than that is read."""
+
+    def __init__(self, app, max_json_bytes: int, max_headers: int):
+        self.app, self.max_json_bytes, self.max_headers = app, max_json_bytes, max_headers
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = scope.get("headers", [])
+        if len(headers) > self.max_headers:
+            return await _refuse(send, 431, f"{len(headers)} headers; {self.max_headers} at most")
+        size = sum(len(k) + len(v) for k, v in headers)
+        if size > MAX_HEADER_BYTES:
+            return await _refuse(send, 431, f"{size:,} bytes of headers; {MAX_HEADER_BYTES:,} at most")
+        kind = next((v for k, v in headers if k == b"content-type"), b"").split(b";")[0].strip().lower()
+        if kind != b"application/json":
+            return await self.app(scope, receive, send)
+        declared = next((v for k, v in headers if k == b"content-length"), None)
+        if declared is not None and declared.isdigit() and int(declared) > self.max_json_bytes:
+            return await _refuse(send, 413, f"a JSON body of {int(declared):,} bytes; {self.max_json_bytes:,} at most")
+        body = bytearray()  # read here, at most the limit, then handed on: a JSON body is small
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return await self.app(scope, _replay([message]), send)
+            body += message.get("body", b"")
+            if len(body) > self.max_json_bytes:
+                return await _refuse(send, 413, f"a JSON body over {self.max_json_bytes:,} bytes")
+            if not message.get("more_body"):
+                break
+        await self.app(scope, _replay([{"type": "http.request", "body": bytes(body), "more_body": False}], receive),
+                       send)
+
+
+def _replay(messages: list, then=None):
+    """A `receive` that gives `messages`, then defers to `then` (a disconnect, while the response streams)."""
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        if then is not None:
+            return await then()
+        return {"type": "http.disconnect"}
+    return receive
+
+
+async def _refuse(send, status: int, message: str) -> None:
+    body = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
