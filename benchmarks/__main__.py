@@ -6,7 +6,8 @@ hf_models (transformers' video LLMs on the bounded cache, per family on a tiny r
 (what every policy path answers and keeps, to prove a change kept behaviour) and recall_path (recall's bookkeeping on
 the model's thread at 1,000 stored spans), streams (many streams on one model: the session pool against one
 lock), link_modes (a linked clip's KV reused, partly recomputed or re-encoded, on the same questions), link_time
-(what linking costs per reuse mode as a clip's visual tokens grow). latency, hf_models, compiled_decode, sdpa_backends,
+(what linking costs per reuse mode as a clip's visual tokens grow), ingest (1 and 4 real-time streams' ingest speed
+with the object detector). latency, hf_models, compiled_decode, sdpa_backends,
 streams and link_time take `--shape` (a randomly initialised 7B-sized model) and `--device`."""
 
 import argparse
@@ -16,7 +17,7 @@ import sys
 
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
          "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural", "fingerprint",
-         "recall_path", "streams", "serve", "hf_template", "link_modes", "link_time")
+         "recall_path", "streams", "serve", "hf_template", "link_modes", "link_time", "ingest")
 
 
 def main(argv=None) -> int:
