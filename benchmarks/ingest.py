@@ -38,12 +38,12 @@ def run_streams(n: int, loops: int) -> dict[int, dict]:
 
 def run(args):
     loops = 2 if args.quick else 6
-    recs = []
+    recs, preset = [], "detect+tiles@0.2+person"
     for n in (1, 4):
         for stream, got in run_streams(n, loops).items():
             x = f"{n} stream(s), stream {stream}"
-            recs.append(record("ingest", "detect+tiles@0.2+person", None, "speed_x", got["median"], x))
-            recs.append(record("ingest", "detect+tiles@0.2+person", None, "speed_x_min", got["min"], x))
-            recs.append(record("ingest", "detect+tiles@0.2+person", None, "answers", got["answers"], x))
+            recs.append(record("ingest", preset, None, "ingest_speed", got["median"], f"{x}, median"))
+            recs.append(record("ingest", preset, None, "ingest_speed", got["min"], f"{x}, least"))
+            recs.append(record("ingest", preset, None, "answers", got["answers"], x))
     write(args.out, "ingest", recs, [])
-    print_table(recs, ["speed_x", "speed_x_min", "answers"])
+    print_table(recs, ["ingest_speed", "answers"])
