@@ -20,7 +20,7 @@ perception` measures them):
 - `more_words`: everyday words for more classes (`labels.more_words`: a unicycle is a bicycle, a hare
   a rabbit, a suit a person).
 - `detect`: the object detector's things (`models/detector.py`: a person, a bicycle, a car, a cup, … found in at
-  least two of the clip's frames) come first, then the classifier's labels that name something else (issue 60).
+  least two of the clip's frames) after the classifier's labels, those that name something new (issue 60).
 
 `DEFAULT` is `tiles@0.2+person` (tiles named from 0.2, a person from clothing or a face, more everyday
 words): on the hand-annotated clips it names the bicycle, the person and the scooter that the whole
@@ -61,7 +61,7 @@ class Perception:
     faces: bool = False
     more_words: bool = False
     backbone: str = "lite0"
-    detect: bool = False  # the object detector's things first (`merge_objects`)
+    detect: bool = False  # the object detector's things after the classifier's (`merge_objects`)
 
     @classmethod
     def parse(cls, spec) -> "Perception":
@@ -95,7 +95,7 @@ PRESETS = {
     "detect+tiles@0.2+person": Perception(tiles=True, tile_threshold=0.2, person=True, faces=True, more_words=True,
                                           detect=True),
 }
-DEFAULT = "detect+tiles@0.2+person"  # the detector's things first (issue 60), then the classifier's measured mix
+DEFAULT = "detect+tiles@0.2+person"  # the classifier's measured mix, then the detector's new things (issue 60)
 
 
 def tile_boxes(height: int, width: int) -> list[tuple[int, int, int]]:
@@ -173,13 +173,14 @@ def frame_candidates(probs: torch.Tensor, config: Perception, face: float = 0.0)
 
 
 def merge_objects(counts: dict[str, int], labels: tuple[int, ...]) -> tuple[int, ...]:
-    """The detector's things (most frames first, at most `MAX_OBJECTS`), then the classifier's labels whose everyday
-    word the detector did not already say (a "mountain bike (bicycle)" beside "bicycle" says it twice)."""
-    found = [i for i in (object_label(w) for w in counts) if i is not None][:MAX_OBJECTS]
-    said = {everyday(i, True) for i in found}
-    rest = [i for i in labels if i not in found and everyday(i, True) not in said
-            and not (PERSON in found and i in clothing())]
-    return tuple(found + rest)
+    """The classifier's labels, then the detector's things (most frames first, at most `MAX_OBJECTS`) that they do not
+    already say ("bicycle" after "mountain bike (bicycle)" says it twice; "person" after a suit too). The trained
+    weights read labels in this order best: with the detector's bare words first, "is there a cat?" about a cup
+    that followed a cat was answered "no" in 2 of 12 photo pairs, against 5 of 12 this way (`real_scenes`), with the
+    natural benchmark the same (0.693 and 0.690 of 300)."""
+    said = {everyday(i, True) for i in labels} | ({"person"} if any(i in clothing() for i in labels) else set())
+    found = [i for i in (object_label(w) for w in counts) if i is not None and everyday(i, True) not in said]
+    return tuple(list(labels) + found[:MAX_OBJECTS])
 
 
 def clip_labels(frames: list[dict[int, float]], config: Perception) -> tuple[int, ...]:

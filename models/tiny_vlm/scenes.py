@@ -31,20 +31,7 @@ from inf_mllm import AssetError
 from inf_mllm.loader import cache_dir
 
 from .data import Episode, asks_after, data_hash, image_paths, load_image, named_text, pick_question, save_atomic
-from .labels import (
-    FIRST_OBJECT,
-    OBJECTS,
-    PERSON,
-    all_labels,
-    categories,
-    clip_labels,
-    general_words,
-    listing,
-    more_words,
-    names,
-    words_of,
-    words_of_all,
-)
+from .labels import PERSON, categories, clip_labels, general_words, listing, more_words, names, words_of, words_of_all
 
 SCENE_VIDEOS = {"train": "bigbuckbunny.mp4", "test": "carphone_pristine.mp4"}
 FIRST_ID = {"train": 100_000, "test": 200_000}  # scene frame ids, apart from easy-VQA's image ids
@@ -90,9 +77,9 @@ def label_question(rng: random.Random, labels: tuple[int, ...], more: bool = Fal
             return wording.format(article(word), word), answer, "distractor" if answer == "no" else "is"
         else:
             allowed = words_of_all(labels, more)
-            pool = all_labels(more)  # with `more`, PERSON and the detector's things too
+            classes = len(names()) + (1 if more else 0)  # with `more`, PERSON (= 1000) too
             while True:
-                word = rng.choice(sorted(words_of(rng.choice(pool), more)))
+                word = rng.choice(sorted(words_of(rng.randrange(classes), more)))
                 if absent(word, allowed):
                     break
             answer = "no"
@@ -134,7 +121,6 @@ def absent(word: str, allowed: set[str]) -> bool:
 
 _NAMEABLE: dict[bool, list[int]] = {}
 PERSON_SHARE = 0.15  # label sets holding `PERSON` (only a face detector names it, so it is not in the pool)
-OBJECT_SHARE = 0.4  # label sets led by the object detector's things (issue 60): "person, car, switch"
 
 
 def random_labels(rng: random.Random, more: bool = False) -> tuple[int, ...]:
@@ -152,9 +138,6 @@ def random_labels(rng: random.Random, more: bool = False) -> tuple[int, ...]:
     if more and rng.random() < PERSON_SHARE and PERSON not in out:  # a face: "person" alone or beside things
         out.insert(rng.randrange(len(out) + 1), PERSON)
         out = out[:3]
-    if more and rng.random() < OBJECT_SHARE:  # the detector's things first, as `perception.merge_objects` writes them
-        things = rng.sample([PERSON, *range(FIRST_OBJECT, FIRST_OBJECT + len(OBJECTS))], rng.choice((1, 1, 2)))
-        out = things + [i for i in out if i not in things][:2]
     return tuple(out)
 
 
