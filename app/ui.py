@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from inf_mllm.spec import SCORERS
+from models.detector import plural
 from streaming.provenance import notes
 from streaming.sources import CaptureSource, SourceError, bundled_clip
 
@@ -117,7 +118,8 @@ def sighted_label(chat: Chat | None) -> str:
     if clip is None:
         return "What the detector sees"
     counts = clip.encoded.meta.get("objects")
-    said = ", ".join(f"{n} {w}" for w, n in counts.items()) if counts else "nothing" if counts is not None else "off"
+    said = (", ".join(f"{n} {plural(w) if n > 1 else w}" for w, n in counts.items()) if counts else
+            "nothing" if counts is not None else "off")
     return f"What the detector sees · clip {clip.index} ({clip.start:.0f}-{clip.end:.0f} s): {said}"
 
 

@@ -83,3 +83,18 @@ def test_a_replica_killed_mid_answer_loses_no_delivered_answer_and_no_stored_cli
     client.close()
     for s in sessions:  # closed, their folders free: every span stored before the kill is still stored
         assert len(before[s.id]) >= 2 and before[s.id] <= stored(folders / s.id)
+
+
+def test_the_url_policy_holds_behind_ray(cluster):
+    """A replica opens source URLs by the same policy as `python -m serve`: a loopback or private address is refused
+    in one line before any request is made (the listener here counts 0), and a password never comes back."""
+    from jetson.reliability.hostile import listener
+
+    _, url, _ = cluster
+    client = Client(url)
+    with listener("127.0.0.2") as (inside, hits):
+        for source in (f"{inside}/x.mp4", "http://admin:hunter2@10.1.2.3/cam", "http://169.254.169.254/latest"):
+            with pytest.raises(RemoteError) as refused:
+                client.open(budget="256", source={"url": source})
+            assert refused.value.status == 400 and "hunter2" not in str(refused.value)
+    assert hits == []

@@ -2,44 +2,10 @@
 that credentials never reach a message. Listeners on loopback only (127.0.0.1 and 127.0.0.2), started here; they
 count every request they get."""
 
-import http.server
-import threading
-from contextlib import contextmanager
-
 import pytest
 
+from jetson.reliability.hostile import listener
 from streaming.urls import LOCAL, SERVER, UrlPolicy, UrlRefused, playlist_entries, redact
-
-
-class Counting(http.server.BaseHTTPRequestHandler):
-    routes: dict = {}
-    hits: list
-
-    def do_GET(self):  # noqa: N802 (the standard library's name)
-        self.hits.append(self.path)
-        status, headers, body = self.routes.get(self.path, (404, {}, b""))
-        self.send_response(status)
-        for k, v in headers.items():
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-@contextmanager
-def listener(host: str, routes: dict):
-    handler = type("Handler", (Counting,), {"routes": routes, "hits": []})
-    server = http.server.ThreadingHTTPServer((host, 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://{host}:{server.server_address[1]}", handler.hits
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize("url, words", [
