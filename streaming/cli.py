@@ -59,9 +59,9 @@ from .streams import (
     stream_folders,
 )
 
-DEFAULT_QUESTIONS = ("what is on screen? @4s", "is there a bicycle now? @8s", "how many people are there? @8s",
-                     "what was on screen at the start? @10s", "did you see a person? @10s",
-                     "when did the bicycle appear? @10s")
+DEFAULT_QUESTIONS = ("what is on screen? @4s", "is there a bicycle now? @8s", "what do you see now? @8s",
+                     "how many people are there? @8s", "what was on screen at the start? @10s",
+                     "did you see a person? @10s", "when did the bicycle appear? @10s")
 
 
 def build_parser() -> argparse.ArgumentParser:

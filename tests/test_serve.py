@@ -98,7 +98,7 @@ def test_stream_qa_on_a_server_answers_what_it_answers_here(server):
     remote = subprocess.run([*args, "--server", url], capture_output=True, text=True, timeout=300, env=env)
     here = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert remote.returncode == here.returncode == 0, remote.stderr
-    assert _records(remote.stdout) == _records(here.stdout) and len(_records(here.stdout)) == 6
+    assert _records(remote.stdout) == _records(here.stdout) and len(_records(here.stdout)) == 7
     wrong = subprocess.run([*args, "--server", url], capture_output=True, text=True, timeout=300,
                            env=dict(os.environ, STREAM_QA_TOKEN="nope"))
     assert wrong.returncode == 2 and wrong.stderr.strip().splitlines()[-1].startswith("stream-qa: server: a bearer")

@@ -222,7 +222,7 @@ def test_sighup_and_sigquit_stop_like_sigterm_with_every_answer_saved(name, tmp_
 
 
 def test_the_demo_asks_in_plain_words_and_recalls_the_start():
-    """`make demo` (`stream-qa --budget 96`): six plain-words questions; the default policy recalls, so
+    """`make demo` (`stream-qa --budget 96`): seven plain-words questions; the default policy recalls, so
     "what was on screen at the start?" links clip 1 back once it has left the 96-token cache, "is there a
     bicycle now?" is answered from the clip on screen (nothing linked), "when …?" is read off the clip log, and
     "how many people …?" off the detector's count in the clip on screen (the cyclist at 5 s)."""
@@ -233,7 +233,8 @@ def test_the_demo_asks_in_plain_words_and_recalls_the_start():
     assert [c["clip"] for c in clips] == [1, 2, 3] and {"person", "bicycle"} <= set(clips[1]["objects"])
     assert all(set(b) == {"word", "score", "box"} for c in clips for b in c["boxes"])
     rows = {r["question"]: r for r in records if "question" in r}
-    assert len(rows) == 6
+    assert len(rows) == 7
+    assert {"person", "bicycle"} <= set(rows["what do you see now?"]["answer"].replace(",", " ").split())
     many = rows["how many people are there?"]
     assert many["source"] == "clip log" and many["answer"] == "1 person" and "clip 2" in many["looked_up"]
     now, start = rows["is there a bicycle now?"], rows["what was on screen at the start?"]
