@@ -104,8 +104,9 @@ class UrlPolicy:
                     head += chunk
                     if len(head) >= PLAYLIST_BYTES or not _maybe_playlist(url, kind, head):
                         break
-        except httpx.HTTPError as err:
-            raise UrlRefused(f"{redact(url)}: cannot be read ({type(err).__name__})") from None
+        except httpx.HTTPError as err:  # as OpenCV would have said it
+            raise UrlRefused(f"cannot open stream {redact(url)}: check that it exists and answers "
+                             f"({type(err).__name__})") from None
         if _maybe_playlist(url, kind, head):
             for entry in playlist_entries(head.decode("utf-8", "replace"), url):
                 self.check(entry)

@@ -82,7 +82,10 @@ def test_each_stream_answers_in_the_pool_what_it_answers_alone(smol, policy, per
         assert pool.steps > pool.slot_decode.steps
     for (answers, logits), (answers_pooled, logits_pooled) in zip(alone, pooled, strict=True):
         assert answers_pooled == answers
-        assert max(float((a - b).abs().max()) for a, b in zip(logits, logits_pooled, strict=True)) < 1e-4
+        # a batched row's sums run in another order than the lone session's: 1.03e-4 seen on a 2-core EPYC under load
+        # (2 of 3 runs over 1e-4 there, which rows share a step depending on the threads' timing); the tokens above
+        # are the check that matters
+        assert max(float((a - b).abs().max()) for a, b in zip(logits, logits_pooled, strict=True)) < 2e-4
 
 
 def test_a_pooled_answer_starts_before_the_eviction_its_question_set_off(smol):
