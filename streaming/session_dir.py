@@ -14,6 +14,7 @@ permission, full) is resumed read-only, and a write that fails mid-run (ENOSPC, 
 would have saved, with one warning saying what is no longer saved; the answers go on on stdout.
 """
 
+import errno
 import json
 import sys
 import warnings
@@ -215,11 +216,15 @@ class SessionDir:
             self._stop("clips", err)
 
     def _stop(self, what: str, err: OSError) -> None:
-        self.saving[what] = False
-        what = {"transcript": f"{TRANSCRIPT} cannot be written ({diskio.why(err)}); answers from now on are printed "
-                "but not saved", "clips": f"{CLIPS} cannot be written ({diskio.why(err)}); clips' detections from now "
-                "on are not saved"}[what]
-        self.warn(f"session {self.path}: {what}")
+        """One warning for what stops being saved; a full disk stops both logs at once (one warning, not two)."""
+        logs = ("transcript", "clips") if err.errno == errno.ENOSPC else (what,)
+        stopping = [log for log in logs if self.saving[log]]
+        for log in stopping:
+            self.saving[log] = False
+        names = " and ".join({"transcript": TRANSCRIPT, "clips": CLIPS}[log] for log in stopping)
+        lost = ("answers from now on are printed but not saved" if "transcript" in stopping
+                else "clips' detections from now on are not saved")
+        self.warn(f"session {self.path}: {names} cannot be written ({diskio.why(err)}); {lost}")
 
     def close(self, store=None) -> None:
         """Release the folder (and its store's lock) for the next writer."""

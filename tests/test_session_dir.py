@@ -205,8 +205,12 @@ def test_a_transcript_that_cannot_be_written_warns_once_and_answers_go_on(kind, 
     folder.write_answer(answered("two"))
     folder.write_answer(answered("three"))
     monkeypatch.setattr(diskio, "hook", None)
+    folder.write_clip({"t0": 0.0, "t1": 1.0})  # a full disk stopped the clip log with the same one warning
+    assert (tmp_path / "s" / "clips.jsonl").exists() == (kind != errno.ENOSPC)
     assert [r["answer"] for r in folder.answered()] == ["one"]
-    assert len(said) == 1 and "transcript.jsonl cannot be written" in said[0] and "printed but not saved" in said[0]
+    names = "transcript.jsonl and clips.jsonl" if kind == errno.ENOSPC else "transcript.jsonl"
+    assert len(said) == 1, said
+    assert f"{names} cannot be written" in said[0] and "printed but not saved" in said[0]
     assert diskio.why(OSError(kind, "")) in said[0]
     folder.close()
 
