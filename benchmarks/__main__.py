@@ -7,7 +7,8 @@ hf_models (transformers' video LLMs on the bounded cache, per family on a tiny r
 the model's thread at 1,000 stored spans), streams (many streams on one model: the session pool against one
 lock), link_modes (a linked clip's KV reused, partly recomputed or re-encoded, on the same questions), link_time
 (what linking costs per reuse mode as a clip's visual tokens grow), ingest (1 and 4 real-time streams' ingest speed
-with the object detector). latency, hf_models, compiled_decode, sdpa_backends,
+with the object detector), hostile (4 well-behaved server sessions' time to first token while the hostile
+reliability rows run against the same server). latency, hf_models, compiled_decode, sdpa_backends,
 streams and link_time take `--shape` (a randomly initialised 7B-sized model) and `--device`."""
 
 import argparse
@@ -17,7 +18,7 @@ import sys
 
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
          "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural", "fingerprint",
-         "recall_path", "streams", "serve", "hf_template", "link_modes", "link_time", "ingest")
+         "recall_path", "streams", "serve", "hf_template", "link_modes", "link_time", "ingest", "hostile")
 
 
 def main(argv=None) -> int:

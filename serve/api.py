@@ -244,9 +244,10 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
     @app.post("/v1/sessions/{session_id}/frames", status_code=202, dependencies=v1)
     async def push_frame(session_id: str, request: Request, t: float):
         pushed = pushed_to(await find(session_id))
-        rgb = await run_in_threadpool(decode_image, await body(request, IMAGE_TYPES))
-        await push(pushed, rgb, t)
-        return {"frames": pushed.pushed, "t": t}
+        data = await body(request, IMAGE_TYPES)
+        skipped = pushed.skipped
+        await push(pushed, lambda: decode_image(data), t)  # decoded only if the session's rate keeps it
+        return {"frames": pushed.pushed, "t": t, "kept": pushed.skipped == skipped}
 
     async def push(pushed, rgb, t):
         try:
@@ -301,6 +302,13 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
             return _sse("waiting", {"video_t": round(now, 3), "needed": req.at,
                                     "frames_pushed": hosted.pushed.pushed if hosted.pushed else None})
 
+        def unanswered() -> str:
+            now = live.engine.video_t
+            if req.at is None or now >= req.at:
+                return UNANSWERED
+            pushed = f"; {hosted.pushed.pushed} frames pushed" if hosted.pushed else ""
+            return f"the stream ended at {now:.1f} s of video, before this question's time ({req.at:g} s){pushed}"
+
         async def answer_events(batch_s: float):
             """SSE chunks of the answer's events; tokens after the first that come within `batch_s` of each other
             go out as one chunk (each chunk costs a hop through a proxy such as Ray's); `waiting` events at once and
@@ -327,7 +335,7 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
                     item = await getter
                     getter = asyncio.ensure_future(events.queue.get())
                     if item is None:
-                        yield pending + _sse("error", {"error": UNANSWERED})
+                        yield pending + _sse("error", {"error": unanswered()})
                         return
                     if isinstance(item, tuple):
                         chunk, started = _sse("start", {"video_t": item[1]}), True
@@ -352,7 +360,7 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
         while True:  # the record alone: the start and the tokens are passed over
             item = await events.queue.get()
             if item is None:
-                raise Refused(409, UNANSWERED)
+                raise Refused(409, unanswered())
             if not isinstance(item, tuple | str):
                 metrics.answered(item, hosted.live.telemetry())
                 return item.as_dict()

@@ -172,7 +172,7 @@ class Sessions:
                 raise Refused(400, str(err)) from None
             return ((lambda stop: open_source(url=url, fps=settings.fps, realtime=realtime, policy=policy)),
                     redact(url), {"kind": "url", "url": redact(url)})  # credentials stay in memory
-        return (lambda stop: PushedFrames(stop)), "pushed frames", {"kind": "push"}
+        return (lambda stop: PushedFrames(stop, fps=settings.fps)), "pushed frames", {"kind": "push"}
 
     def held(self, session_id: str) -> Hosted | None:
         """The session if this process holds it (never blocks)."""

@@ -21,9 +21,12 @@ from .questions import Question, Schedule
 class LockedSchedule(Schedule):
     """Questions added by other threads while the model thread pops them."""
 
-    def __init__(self):
+    def __init__(self, unreached=None):
+        """`unreached(questions)`: once the stream has ended, what to do with questions timed past its end (they
+        are then not answered); None: answered at the end, as `stream-qa` does."""
         super().__init__([])
         self.lock = threading.Lock()
+        self.unreached = unreached
 
     def due(self, video_t):
         with self.lock:
@@ -33,9 +36,15 @@ class LockedSchedule(Schedule):
         with self.lock:
             super().add(question)
 
-    def rest(self):
+    def rest(self, video_t: float | None = None):
         with self.lock:
-            return super().rest()
+            out = super().rest()
+        if self.unreached is None or video_t is None:
+            return out
+        past = [q for q in out if q.at is not None and q.at > video_t + 1e-6]
+        if past:
+            self.unreached(past)
+        return [q for q in out if q not in past]
 
 
 def rss_mb() -> float:
@@ -71,7 +80,7 @@ class LiveSession:
         self.engine.drop_when_full = self.source.live
         budgets = session.cache.budgets
         self.budget_tokens = max(budgets) if budgets else None
-        self.schedule = LockedSchedule()
+        self.schedule = LockedSchedule(self._unreached if answers_after_end else None)
         self.waiting: dict[int, tuple] = {}  # id(question) -> (the question, its queue), until it is answered
         self.current = None
         self.shown = None  # the newest clip appended (`_on_clip`)
@@ -96,7 +105,7 @@ class LiveSession:
             while self.answers_after_end and not self.closing:  # the video is over; what it showed is not
                 self._asked.wait(0.25)
                 self._asked.clear()
-                for question in self.schedule.rest():
+                for question in self.schedule.rest(self.engine.video_t):
                     self._answered(self.engine.answer(question, self._on_token))
         except Exception as err:  # a truncated file, a camera lost: said to the viewer, the front end keeps working
             self._notice(f"⚠ {self.label}: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
@@ -111,6 +120,13 @@ class LiveSession:
             for q in unanswered:
                 if q is not None:
                     q.put(None)  # unanswered: the stream ended first
+
+    def _unreached(self, questions) -> None:
+        """Questions timed past where the stream ended: the video never reached them; they end unanswered."""
+        with self.schedule.lock:
+            outs = [self.waiting.pop(id(q))[1] for q in questions if id(q) in self.waiting]
+        for out in outs:
+            out.put(None)
 
     def _answered(self, answer) -> None:
         self.transcript.append(answer)

@@ -224,7 +224,10 @@ def run_remote(args, source, questions, out, say) -> int:
                     moved.wait_for(lambda q=q: done.is_set() or q.at is None or pushed_t[0] >= q.at)
                 if failed:
                     break
-                events = session.events(q.text, q.at)
+                with moved:  # timed past the video's end: asked at its end, where stream-qa answers it
+                    end = pushed_t[0] + 1.0 / args.fps  # the last clip's end (its last frame stands for 1/fps)
+                    at = min(q.at, end) if done.is_set() and q.at is not None and pushed_t[0] >= 0 else q.at
+                events = session.events(q.text, at)
                 with added:
                     streams.append((q, events))
                     added.notify_all()

@@ -25,6 +25,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from .egress import proxy_for
 from .frames import Frame, FrameSource, SourceError  # noqa: F401 (re-exported: the sources' protocol)
 from .pipes import is_pipe, read_head, relay, streamable
 from .urls import LOCAL, UrlPolicy, network_only, redact
@@ -234,7 +235,7 @@ class CaptureSource(FrameSource):
     live = True  # a camera cannot wait for the model: the engine drops clips it has no room for
 
     def __init__(self, target: int | str, fps: float = 1.0, max_seconds: float | None = None, realtime: bool = True,
-                 pipe: str | None = None):
+                 pipe: str | None = None, policy: UrlPolicy = LOCAL):
         self.target, self.fps, self.max_seconds, self.realtime = target, fps, max_seconds, realtime
         self.waited_s = 0.0  # time spent waiting for the video clock (a served file, a pipe)
         what = f"webcam {target} (/dev/video{target})" if isinstance(target, int) else f"stream {redact(target)}"
@@ -248,7 +249,7 @@ class CaptureSource(FrameSource):
             elif isinstance(target, int) or "://" not in target:  # a webcam, or a GStreamer pipeline (CSI camera)
                 self.cap = cv2.VideoCapture(target)
             else:  # a stream that never answers fails after 10 s rather than hanging; FFmpeg on network protocols
-                with network_only():
+                with network_only(proxy_for(policy).url):
                     self.cap = cv2.VideoCapture(target, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, 10_000,
                                                                          cv2.CAP_PROP_READ_TIMEOUT_MSEC, 10_000])
             ok, self._first = self.cap.read() if self.cap.isOpened() else (False, None)
@@ -310,7 +311,7 @@ def open_source(video=None, webcam: int | None = None, url: str | None = None, f
     if webcam is not None:
         return CaptureSource(webcam, fps)
     if url is not None:
-        return CaptureSource(policy.open_check(url), fps, realtime=realtime)
+        return CaptureSource(policy.open_check(url), fps, realtime=realtime, policy=policy)
     path = Path(video)
     if not (path.exists() and is_pipe(path)):
         return FileSource(video, fps, realtime, loops)

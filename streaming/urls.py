@@ -11,9 +11,11 @@ chose. So a URL is opened only after (OWASP's SSRF rules):
 - for HTTP(S), a first request that follows no redirect: a redirect is opened only if its target passes the same
   check, and a playlist (HLS, DASH) only if every entry does (one level of nested playlists is read too);
 - FFmpeg is then held to the network protocols (`protocol_whitelist`: no `file:`, no `pipe:`, no `data:`), so no
-  playlist entry can read a file.
-What remains is the window between this check and FFmpeg's own resolution (DNS rebinding): an operator who needs
-that closed puts the server behind an egress firewall.
+  playlist entry can read a file, and every HTTP(S) request it makes afterwards (a segment's redirect, a live
+  playlist's reload, a key) goes through `egress.py`'s proxy, which checks it again and connects to the address
+  it checked (no second resolution).
+What remains: RTSP is checked once, at open (an RTSP server's own redirect is FFmpeg's to follow); an operator who
+needs that closed too puts the server behind an egress firewall.
 
 Credentials in a URL (`rtsp://user:secret@camera/…`) are kept in memory only: every message, log line, session
 record and folder says the URL with them replaced by `***` (`redact`).
@@ -31,7 +33,7 @@ from .frames import SourceError
 
 SCHEMES = ("rtsp", "rtsps", "http", "https")
 PORTS = {"rtsp": 554, "rtsps": 322, "http": 80, "https": 443}
-FFMPEG_PROTOCOLS = "http,https,tcp,tls,rtp,rtsp,rtsps,udp,srtp,crypto,hls"
+FFMPEG_PROTOCOLS = "http,https,httpproxy,tcp,tls,rtp,rtsp,rtsps,udp,srtp,crypto,hls"
 PLAYLIST_BYTES = 256 * 1024  # what the first request reads of a playlist, at most
 PREFLIGHT_S = 5.0
 _OPEN_LOCK = threading.Lock()  # OpenCV reads FFmpeg's options from the environment when it opens a capture
@@ -75,7 +77,9 @@ class UrlPolicy:
         return url
 
     def refuses(self, address) -> str | None:
-        """Why an address is not opened, or None (Python counts multicast as global: it is checked first)."""
+        """Why an address is not opened, or None (Python counts multicast as global: it is checked first; an
+        IPv4-mapped IPv6 address is judged as the IPv4 address it carries)."""
+        address = getattr(address, "ipv4_mapped", None) or address
         if address.is_loopback:
             return None if self.allow_loopback else "a loopback address"
         if address.is_multicast or address.is_unspecified:
@@ -167,12 +171,13 @@ def playlist_entries(text: str, base: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def network_only():
-    """FFmpeg held to network protocols while OpenCV opens a URL (no `file:` entry in a playlist, no `pipe:`)."""
+def network_only(proxy: str | None = None):
+    """FFmpeg held to network protocols while OpenCV opens a URL (no `file:` entry in a playlist, no `pipe:`), its
+    HTTP requests sent through `proxy` (`egress.py`: the policy applied to every one of them)."""
     key = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
     with _OPEN_LOCK:
         before = os.environ.get(key)
-        os.environ[key] = f"protocol_whitelist;{FFMPEG_PROTOCOLS}"
+        os.environ[key] = f"protocol_whitelist;{FFMPEG_PROTOCOLS}" + (f"|http_proxy;{proxy}" if proxy else "")
         try:
             yield
         finally:

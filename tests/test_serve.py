@@ -33,9 +33,9 @@ def client(server):
 
 def test_every_bad_request_gets_its_status_in_one_json_line_and_the_server_stays_up(server):
     url, media, process = server
-    rows = run_rows(url, media)
+    rows = run_rows(url, media, pid=process.pid)
     bad = [r for r in rows if not r["ok"]]
-    assert len(rows) >= 40 and not bad, bad
+    assert len(rows) >= 150 and not bad, bad
     assert process.poll() is None
 
 
@@ -54,13 +54,16 @@ def test_pushed_frames_answer_as_server_sent_events_and_the_session_reports_itse
         assert record["video_t"] == 4.0  # asked at 4 s: answered once the clip covering it was in
         assert record["answer"] == "".join(d["text"] for e, d in events if e == "token").strip()
         assert record["kv_tokens"] > 0 and record["ttft_s"] > 0
-        # the rest as one chunk of the video file, then the end: a question past the end is answered then
+        # the rest as one chunk of the video file, then the end: a question timed past the end says so; one asked
+        # after the end, untimed, is answered about what was seen
         data = Path(bundled_clip()).read_bytes()
         pushed = session.push_video(data, start=6.0)
         assert pushed["from"] == 6.0 and pushed["to"] == pytest.approx(15.0) and pushed["frames"] == 16
         asked = session.events("what is on screen?", at=100.0)
         session.end()
-        late = list(asked)[-1][1]
+        with pytest.raises(RemoteError, match=r"ended at 16.0 s of video, before this question's time \(100 s\)"):
+            list(asked)
+        late = session.answer("what is on screen?")
         assert late["video_t"] == pytest.approx(16.0)
         state = session.state()
         assert state["telemetry"]["clips"] == 8 and state["telemetry"]["answers"] == 2
@@ -142,7 +145,7 @@ def test_a_session_with_a_folder_continues_in_a_new_server_after_a_kill(tmp_path
         for frame in frames[7:]:
             session.push(frame.rgb, frame.t)  # frame 6 went to the killed process unstored: lost
         session.end()
-        late = session.answer("what was on screen at the start?", at=20.0)
+        late = session.answer("what was on screen at the start?", at=10.0)  # the video's end (frames 0-9 s)
         assert late["video_t"] >= 10.0 and late["answer"]
         assert "clip 1" in late["looked_up"]  # the first clip, stored before the kill, answers it
         assert [a["question"] for a in session.transcript()] == ["is there a bicycle now?",

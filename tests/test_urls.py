@@ -71,3 +71,28 @@ def test_playlist_entries_are_read_from_hls_and_dash():
         "http://cam.example/live/seg.ts", "http://x.example/a.ts", "https://keys.example/k"]
     dash = '<MPD><BaseURL>http://10.0.0.1/v/</BaseURL><SegmentTemplate media="seg-$Number$.m4s"/></MPD>'
     assert playlist_entries(dash, "http://cam.example/m.mpd") == ["http://10.0.0.1/v/"]
+
+
+def test_an_ipv4_mapped_address_is_judged_as_the_address_it_carries():
+    with pytest.raises(UrlRefused, match="a loopback address"):
+        UrlPolicy(allow_private=True).check("http://[::ffff:127.0.0.1]:9/x")
+    with pytest.raises(UrlRefused, match="a private address"):
+        SERVER.check("http://[::ffff:10.0.0.1]/x")
+
+
+def test_the_egress_proxy_checks_every_request_ffmpeg_sends_through_it():
+    """What FFmpeg asks after the open (a segment's redirect, a playlist's reload) goes through `egress.py`: a
+    refused place gets a 403 from the proxy and never a request; an allowed one is relayed as it answered."""
+    import httpx
+
+    from streaming.egress import EgressProxy
+
+    proxy = EgressProxy(UrlPolicy(allow_hosts=frozenset({"127.0.0.1"})))
+    with listener("127.0.0.2") as (inside, inside_hits), \
+            listener("127.0.0.1", {"/a": (200, {"X-Seen": "yes"}, b"hello")}) as (outside, outside_hits):
+        with httpx.Client(proxy=proxy.url, timeout=10) as client:
+            relayed = client.get(f"{outside}/a", headers={"Range": "bytes=1-"})
+            refused = client.get(f"{inside}/secret")
+    assert relayed.status_code == 206 and relayed.content == b"ello" and relayed.headers["x-seen"] == "yes"
+    assert outside_hits == ["/a"] and refused.status_code == 403 and "loopback" in refused.text
+    assert inside_hits == [] and proxy.refused == [f"{inside}/secret"]

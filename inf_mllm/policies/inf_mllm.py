@@ -16,6 +16,9 @@ def recency_bias(candidates: int, bias: float, device) -> torch.Tensor:
     return -torch.arange(candidates - 1, -1, -1, device=device, dtype=torch.float32) * (bias / candidates)
 
 
+MAX_BIAS = 1e4
+
+
 @dataclass
 class InfMLLM(WindowScored):
     name: ClassVar[str] = "inf_mllm"
@@ -25,8 +28,8 @@ class InfMLLM(WindowScored):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.bias < 0:
-            raise ValueError(f"{self.name} bias must be >= 0, got {self.bias}")
+        if not 0 <= self.bias <= MAX_BIAS:  # NaN fails too; a huge b overflows the float32 scores into NaN
+            raise ValueError(f"{self.name} bias must be a number from 0 to {MAX_BIAS:g}, got {self.bias}")
 
     def adjust(self, s):
         return s + recency_bias(s.shape[-1], self.bias, s.device)

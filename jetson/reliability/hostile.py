@@ -6,10 +6,12 @@ slots. Every listener here is on loopback (127.0.0.1, which the table's server a
 import http.server
 import io
 import struct
+import tempfile
 import threading
 import time
 import zlib
 from contextlib import contextmanager
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -24,7 +26,10 @@ class _Counting(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802 (the standard library's name)
         self.hits.append(self.path)
-        status, headers, body = self.routes.get(self.path, (404, {}, b""))
+        served = self.routes.get(self.path, (404, {}, b""))
+        if isinstance(served, list):  # answers in turn, the last one from then on (a live playlist's reloads)
+            served = served[min(self.hits.count(self.path), len(served)) - 1]
+        status, headers, body = served
         wanted = self.headers.get("Range", "")
         if status == 200 and wanted.startswith("bytes="):  # FFmpeg seeks in a video served over HTTP
             first, _, last = wanted[6:].partition("-")
@@ -47,8 +52,9 @@ class _Counting(http.server.BaseHTTPRequestHandler):
 
 @contextmanager
 def listener(host: str, routes: dict | None = None):
-    """An HTTP server on `host` (loopback) that records every path asked of it: yields (base URL, hits)."""
-    handler = type("Handler", (_Counting,), {"routes": routes or {}, "hits": []})
+    """An HTTP server on `host` (loopback) that records every path asked of it: yields (base URL, hits). `routes`
+    ({path: (status, headers, body)}) is served as it is when asked: it may be filled after the start."""
+    handler = type("Handler", (_Counting,), {"routes": {} if routes is None else routes, "hits": []})
     server = http.server.ThreadingHTTPServer((host, 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -62,27 +68,89 @@ def _open_url(ctx, url: str) -> httpx.Response:
     return ctx.http.post("/v1/sessions", json={"source": {"url": url, "realtime": False}})
 
 
+def _playlist(*lines: str) -> tuple:
+    body = "\n".join(["#EXTM3U", "#EXT-X-TARGETDURATION:2", *lines]) + "\n"
+    return 200, {"Content-Type": "application/vnd.apple.mpegurl"}, body.encode()
+
+
+def _routes(via: str | None, aim: str, outside: str) -> dict:
+    """What the allowed listener serves at /go for each way of leading to `aim` (the refused place)."""
+    seg = "#EXTINF:2,"
+    return {
+        None: {},
+        "redirect": {"/go": (302, {"Location": aim}, b"")},
+        "redirect 307": {"/go": (307, {"Location": aim}, b"")},
+        "redirect 308": {"/go": (308, {"Location": aim}, b"")},
+        "redirect chain": {"/go": (302, {"Location": "/hop"}, b""), "/hop": (301, {"Location": aim}, b"")},
+        "playlist": {"/go": _playlist(seg, aim)},
+        "playlist key": {"/go": _playlist(f'#EXT-X-KEY:METHOD=AES-128,URI="{aim}"', seg, f"{outside}/seg.ts")},
+        "playlist map": {"/go": _playlist(f'#EXT-X-MAP:URI="{aim}"', seg, f"{outside}/seg.ts")},
+        "master playlist": {"/go": _playlist("#EXT-X-STREAM-INF:BANDWIDTH=1000", "/variant.m3u8"),
+                            "/variant.m3u8": _playlist(seg, aim)},
+        "dash": {"/go": (200, {"Content-Type": "application/dash+xml"},
+                         f'<?xml version="1.0"?><MPD><Period><BaseURL>{aim}</BaseURL></Period></MPD>'.encode())},
+        "redirect to a playlist": {"/go": (302, {"Location": "/list.m3u8"}, b""), "/list.m3u8": _playlist(seg, aim)},
+    }[via]
+
+
 def ssrf(target: str, path: str = "/x.mp4", via: str | None = None, secret: str | None = None):
-    """Open a session on a URL the policy must refuse: `target` is where the request must never arrive (its host,
-    a listener started here when it is loopback); `via` a route of an allowed listener that leads there (a redirect,
-    a playlist). Passes on 400, 0 hits at the target, and `secret` (a password) absent from the answer."""
+    """Open a session on a URL the policy must refuse: `target` is where the request must never arrive (its host;
+    INSIDE is a listener started here on 127.0.0.2, PORT its port); `via` how an allowed listener (127.0.0.1) leads
+    there (redirects, playlists, their keys and maps, a DASH manifest). Passes on 400, 0 hits at the target, and
+    `secret` (a password) absent from the answer."""
     def send(ctx):
         with listener("127.0.0.2") as (inside, inside_hits):
-            aim = target.replace("INSIDE", inside)
-            routes = {}
-            if via == "redirect":
-                routes = {"/go": (302, {"Location": aim + path}, b"")}
-            elif via == "playlist":
-                body = f"#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXTINF:2,\n{aim}{path}\n".encode()
-                routes = {"/go": (200, {"Content-Type": "application/vnd.apple.mpegurl"}, body)}
+            aim = target.replace("INSIDE", inside).replace("PORT", inside.rsplit(":", 1)[1]) + path
+            routes = {}  # filled once the listener's own URL is known (a playlist may name it)
             with listener("127.0.0.1", routes) as (outside, _):
-                url = f"{outside}/go" if via else aim + path
+                routes.update(_routes(via, aim, outside))
+                url = f"{outside}/go" if via else aim
                 response = _open_url(ctx, url)
                 time.sleep(0.2)
             answer = response.text
             ok = response.status_code == 400 and not inside_hits and (secret is None or secret not in answer)
             return {"ok": ok, "observed": f"{response.status_code}: {answer[:140]}; requests that reached the "
                                           f"refused place: {len(inside_hits)}"}
+    return send
+
+
+def ts_segment(seconds: int = 4, fps: float = 2.0) -> bytes:
+    """A real MPEG-TS segment (MPEG-4 video, 64x48), as an HLS camera serves them."""
+    import cv2
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "seg.ts")
+        writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), fps, (64, 48))
+        for i in range(int(seconds * fps)):
+            writer.write(np.full((48, 64, 3), 30 * i % 255, np.uint8))
+        writer.release()
+        return Path(path).read_bytes()
+
+
+def ssrf_later(via: str):
+    """A URL whose first look is clean, on the allowed listener, that leads to the refused place only once FFmpeg
+    reads on: an HLS segment that redirects there, or a live playlist whose reload names it. Passes when nothing
+    reaches the refused place within 4 s (the session opened or refused)."""
+    def send(ctx):
+        with listener("127.0.0.2") as (inside, inside_hits):
+            video = ts_segment()
+            routes = {}
+            with listener("127.0.0.1", routes) as (outside, outside_hits):
+                seg = f"#EXTINF:2,\n{outside}/seg.ts"
+                if via == "segment redirect":
+                    routes.update({"/go.m3u8": _playlist(seg, "#EXT-X-ENDLIST"),
+                                   "/seg.ts": (302, {"Location": f"{inside}/seg.ts"}, b"")})
+                else:  # a live playlist: clean when first read, a refused entry on FFmpeg's reloads
+                    later = _playlist("#EXT-X-MEDIA-SEQUENCE:1", f"#EXTINF:2,\n{inside}/seg2.ts")
+                    routes.update({"/go.m3u8": [_playlist(seg), _playlist(seg), later],
+                                   "/seg.ts": (200, {"Content-Type": "video/mp2t"}, video)})
+                response = _open_url(ctx, f"{outside}/go.m3u8")
+                if response.status_code == 201:
+                    time.sleep(4.0)
+                    ctx.http.delete(f"/v1/sessions/{response.json()['id']}")
+            return {"ok": response.status_code in (201, 400) and not inside_hits,
+                    "observed": f"{response.status_code}: {response.text[:100]}; requests to the allowed host: "
+                                f"{len(outside_hits)}, to the refused place: {len(inside_hits)}"}
     return send
 
 
@@ -187,7 +255,135 @@ def raw_json(path: str, text: str):
     return send
 
 
-def rows(Row, pushed_then, limits: dict) -> list:
+class Weighed:
+    """The server process's CPU seconds and its peak RSS (sampled every 5 ms) while a block runs."""
+
+    def __init__(self, pid: int):
+        import psutil
+
+        self.process = psutil.Process(pid)
+
+    def __enter__(self):
+        self.cpu0, self.rss0 = sum(self.process.cpu_times()[:2]), self.process.memory_info().rss
+        self.peak, self.done = self.rss0, threading.Event()
+        threading.Thread(target=self._sample, daemon=True).start()
+        return self
+
+    def _sample(self):
+        while not self.done.wait(0.005):
+            self.peak = max(self.peak, self.process.memory_info().rss)
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.cpu_s = sum(self.process.cpu_times()[:2]) - self.cpu0
+        self.rise_mb = (self.peak - self.rss0) / 2**20
+
+
+def accepted(data: bytes, kind: str = "image/png", then_ask: bool = False):
+    """A frame a real camera may send (any JPEG/PNG flavour, a tiny size): taken (202); with `then_ask`, three of
+    them, the stream ended and a question answered, the server's CPU and peak RSS for it all reported."""
+    def send(ctx):
+        sid = ctx.open(budget="256", clip_seconds=2.0)
+        try:
+            with Weighed(ctx.pid) as cost:
+                codes = [ctx.frame(sid, data, t, kind).status_code for t in ((0.0, 1.0, 2.0) if then_ask else (0.0,))]
+                answer = None
+                if then_ask:
+                    ctx.http.post(f"/v1/sessions/{sid}/end")
+                    answer = ctx.http.post(f"/v1/sessions/{sid}/questions", json={"text": "what is on screen?",
+                                                                                   "stream": False})
+            ok = set(codes) == {202} and (answer is None or (answer.status_code == 200 and answer.json()["answer"]))
+            said = "" if answer is None else f"; answer {answer.status_code}: {answer.text[:60]}"
+            return {"ok": ok, "observed": f"frames {codes}{said}; server CPU {cost.cpu_s * 1000:.0f} ms, "
+                                          f"RSS +{cost.rise_mb:.1f} MB"}
+        finally:
+            ctx.http.delete(f"/v1/sessions/{sid}")
+    return send
+
+
+def thin_frames(ctx) -> dict:
+    """The issue's 94-byte frame (a 1x2000 PNG), three of them: refused before decoding, < 100 ms of CPU and
+    < 20 MB each."""
+    data = strip(1, 2000)
+    sid = ctx.open(budget="256")
+    try:
+        with Weighed(ctx.pid) as cost:
+            codes = [ctx.frame(sid, data, t, "image/png").status_code for t in (0.0, 1.0, 2.0)]
+        ok = codes == [422] * 3 and cost.cpu_s / 3 < 0.1 and cost.rise_mb < 20
+        return {"ok": ok, "observed": f"{len(data)}-byte frames {codes}; server CPU {cost.cpu_s / 3 * 1000:.0f} ms "
+                                      f"a frame, RSS +{cost.rise_mb:.1f} MB"}
+    finally:
+        ctx.http.delete(f"/v1/sessions/{sid}")
+
+
+def decoded_flood(ctx) -> dict:
+    """48 small PNGs that decode to 7.3 MB each, pushed inside one clip as fast as the server takes them: each
+    taken (202) or refused for now (429), the session's RSS bounded by its decoded-bytes budget (64 MB)."""
+    buf = io.BytesIO()
+    Image.new("RGB", (1900, 1280), (40, 90, 160)).save(buf, "PNG")
+    data = buf.getvalue()
+    sid = ctx.open(budget="256", clip_seconds=60.0, fps=10.0)  # every frame is due: the clip holds them all
+    try:
+        with Weighed(ctx.pid) as cost:
+            codes = [ctx.frame(sid, data, i * 0.1, "image/png").status_code for i in range(48)]
+        counts = {c: codes.count(c) for c in sorted(set(codes))}
+        ok = set(codes) <= {202, 429} and cost.rise_mb < 120
+        return {"ok": ok, "observed": f"{len(data)}-byte PNGs: {counts}; server RSS +{cost.rise_mb:.0f} MB at its "
+                                      f"peak (unbounded: 48 x 7.3 = 350 MB)"}
+    finally:
+        ctx.http.delete(f"/v1/sessions/{sid}")
+
+
+def ends_waiting(ctx) -> dict:
+    """A question at a video time the stream never reaches: `waiting` at once, then, when the stream ends short of
+    it, an end that says so (not a hang)."""
+    sid = ctx.open(budget="256", clip_seconds=1.0)
+    try:
+        ctx.frame(sid, encoded(np.full((48, 64, 3), 100, np.uint8)), 0.0)
+        with ctx.http.stream("POST", f"/v1/sessions/{sid}/questions", json={"text": "what is on screen?",
+                                                                           "at": 500}) as response:
+            lines = response.iter_lines()
+            first = next(lines, "")
+            ctx.http.post(f"/v1/sessions/{sid}/end")
+            t0 = time.monotonic()
+            rest = [line for line in lines if line.startswith(("event:", "data:"))]
+            took = time.monotonic() - t0
+        said = " ".join(rest)[-160:]
+        ok = first.startswith("event: waiting") and "event: error" in said and "ended at" in said and took < 30
+        return {"ok": ok, "observed": f"first {first!r}; after the end, in {took:.1f} s: {said}"}
+    finally:
+        ctx.http.delete(f"/v1/sessions/{sid}")
+
+
+def deep_json(depth: int):
+    return lambda ctx: ctx.http.post("/v1/sessions", content=b"[" * depth + b"]" * depth,
+                                     headers={"content-type": "application/json"})
+
+
+def long_request_line(ctx) -> dict:
+    """A request line of 100 KB (a path no route has), sent on a raw socket: refused by the HTTP parser or as
+    404/414, never a 500."""
+    import socket
+
+    host, port = ctx.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        try:
+            s.sendall(b"GET /v1/sessions/" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+            head = s.recv(200).split(b"\r\n", 1)[0].decode("latin-1")
+        except OSError as err:  # the server may close the connection mid-request
+            head = type(err).__name__
+    up = ctx.http.get("/healthz").status_code == 200
+    return {"ok": " 200 " not in head and " 500 " not in head and up, "observed": f"{head or 'closed'}; server up: "
+                                                                                   f"{up}"}
+
+
+def _image(kind: str, mode: str = "RGB", w: int = 64, h: int = 48, **save) -> bytes:
+    buf = io.BytesIO()
+    Image.new(mode, (w, h), 120 if mode in ("L", "I;16", "P") else (120,) * len(mode)).save(buf, kind, **save)
+    return buf.getvalue()
+
+
+def rows(Row, pushed_then) -> list:
     """The hostile rows (`Row` and the frame helper come from `server.py`, which adds these to its table)."""
     return [
         # server-side request forgery: nothing reaches a refused place, whichever field or hop leads there
@@ -239,5 +435,77 @@ def rows(Row, pushed_then, limits: dict) -> list:
         Row("frames of two sizes in one clip", 0, two_sizes),
         # fairness: one client's waiting questions are its own
         Row("far-future questions past a session's limit, while another asks", 0,
-            lambda ctx: far_future(ctx, limits["max_session_questions"])),
+            lambda ctx: far_future(ctx, ctx.limits["max_session_questions"])),
+        # more ways to name a refused place: number forms of 127.0.0.2, every non-public range, other schemes
+        Row("URL to 127.0.0.2 as one decimal number", 0, ssrf("http://2130706434:PORT")),
+        Row("URL to 127.0.0.2 in hexadecimal", 0, ssrf("http://0x7f000002:PORT")),
+        Row("URL to 127.0.0.2 in octal", 0, ssrf("http://0177.0.0.2:PORT")),
+        Row("URL to 127.0.0.2 shortened to 127.2", 0, ssrf("http://127.2:PORT")),
+        Row("URL to 127.0.0.2 as an IPv4-mapped IPv6 address", 0, ssrf("http://[::ffff:127.0.0.2]:PORT")),
+        Row("URL with credentials to a loopback listener", 0, ssrf("http://admin:s3cr3t@127.0.0.2:PORT",
+                                                                   secret="s3cr3t")),
+        *[Row(f"URL to {name}", 0, ssrf(f"http://{host}")) for name, host in (
+            ("172.16.0.1 (private)", "172.16.0.1"), ("192.168.1.1 (private)", "192.168.1.1"),
+            ("100.64.0.1 (shared address space)", "100.64.0.1"), ("198.18.0.1 (benchmarking)", "198.18.0.1"),
+            ("240.0.0.1 (reserved)", "240.0.0.1"), ("255.255.255.255 (broadcast)", "255.255.255.255"),
+            ("[fc00::1] (unique local)", "[fc00::1]"), ("[fe80::1] (link-local)", "[fe80::1]"),
+            ("[::] (unspecified)", "[::]"), ("[ff02::1] (multicast)", "[ff02::1]"),
+            ("[::ffff:10.0.0.1] (mapped private)", "[::ffff:10.0.0.1]"))],
+        *[Row(f"{scheme} URL", 400, lambda ctx, u=url: _open_url(ctx, u)) for scheme, url in (
+            ("gopher://", "gopher://127.0.0.2:70/_x"), ("rtmp://", "rtmp://8.8.8.8/live"),
+            ("tcp://", "tcp://127.0.0.2:80"), ("udp://", "udp://127.0.0.2:5000"),
+            ("concat:", "concat:/etc/passwd|/etc/hosts"), ("subfile:", "subfile,,start,0,end,0,,:/etc/passwd"),
+            ("hls+http://", "hls+http://127.0.0.2/x.m3u8"), ("async:", "async:http://127.0.0.2/x"),
+            ("pipe:", "pipe:0"), ("crypto+http://", "crypto+http://127.0.0.2/x"), ("srt://", "srt://8.8.8.8:9000"),
+            ("scheme-less path", "/etc/passwd"))],
+        # more ways to lead there from an allowed host
+        Row("URL redirected (307) to a loopback listener", 0, ssrf("INSIDE", via="redirect 307")),
+        Row("URL redirected (308) to a loopback listener", 0, ssrf("INSIDE", via="redirect 308")),
+        Row("URL redirected twice, then to a loopback listener", 0, ssrf("INSIDE", via="redirect chain")),
+        Row("URL redirected to a private address", 0, ssrf("http://10.1.2.3", via="redirect")),
+        Row("URL redirected to RTSP on loopback", 0, ssrf("rtsp://127.0.0.2:PORT", "/cam", via="redirect")),
+        Row("URL redirected to gopher://", 0, ssrf("gopher://127.0.0.2:PORT", "/_x", via="redirect")),
+        Row("URL redirected to a playlist naming a loopback listener", 0,
+            ssrf("INSIDE", "/seg.ts", via="redirect to a playlist")),
+        Row("HLS playlist whose key is on a loopback listener", 0, ssrf("INSIDE", "/key", via="playlist key")),
+        Row("HLS playlist whose map is a file:", 0, ssrf("file:///etc", "/passwd", via="playlist map")),
+        Row("HLS master playlist whose variant names a loopback listener", 0,
+            ssrf("INSIDE", "/seg.ts", via="master playlist")),
+        Row("DASH manifest whose BaseURL is a loopback listener", 0, ssrf("INSIDE", "/", via="dash")),
+        Row("HLS segment that redirects to a loopback listener", 0, ssrf_later("segment redirect")),
+        Row("live HLS playlist naming a loopback listener on reload", 0, ssrf_later("reload")),
+        # requests: more numbers and shapes
+        Row("bias 1e308", 400, raw_json("/s", '{"policy": "inf_mllm", "bias": 1e308}')),
+        Row("window negative", 422, lambda ctx: ctx.http.post("/v1/sessions", json={"window": -1})),
+        Row("max new tokens 3.5", 422, lambda ctx: ctx.http.post("/v1/sessions", json={"max_new_tokens": 3.5})),
+        Row("fps 1e9", 422, lambda ctx: ctx.http.post("/v1/sessions", json={"fps": 1e9})),
+        Row("clip seconds 1e9", 422, lambda ctx: ctx.http.post("/v1/sessions", json={"clip_seconds": 1e9})),
+        Row("loops 10^9", 422, lambda ctx: ctx.http.post("/v1/sessions", json={"source": {"file": "bikes.mp4",
+                                                                                      "loops": 10**9}})),
+        Row("question at 10^12 s", 422, raw_json("/q", '{"text": "what?", "at": 1e12}')),
+        Row("question text a number", 422, raw_json("/q", '{"text": 42}')),
+        Row("JSON nested 10000 deep", (400, 422), deep_json(10000)),
+        Row("JSON nested 30000 deep", (400, 422), deep_json(30000)),
+        Row("a request line of 100 KB", 0, long_request_line),
+        # frames: what cameras send is taken, in bounded time; what they do not is refused before decoding
+        Row("PNG announcing 8193x1000 (a side past 8192)", 413, lambda ctx: pushed_then(
+            ctx, png_announcing(8193, 1000), 0.0, "image/png")),
+        Row("PNG of 900x100 (9:1)", 422, lambda ctx: pushed_then(ctx, strip(900, 100), 0.0, "image/png")),
+        Row("the 94-byte 1x2000 PNG, three times: CPU and RSS", 0, thin_frames),
+        Row("PNG of 1x1, three frames, then a question", 0, accepted(strip(1, 1), then_ask=True)),
+        Row("PNG of 1x8, three frames, then a question", 0, accepted(strip(1, 8), then_ask=True)),
+        Row("PNG of 16-bit grey", 0, accepted(_image("PNG", "I;16"))),
+        Row("PNG of 8-bit grey", 0, accepted(_image("PNG", "L"))),
+        Row("PNG with alpha", 0, accepted(_image("PNG", "RGBA"))),
+        Row("PNG with a palette", 0, accepted(_image("PNG", "P"))),
+        Row("JPEG in CMYK", 0, accepted(_image("JPEG", "CMYK"), "image/jpeg")),
+        Row("JPEG progressive", 0, accepted(_image("JPEG", progressive=True), "image/jpeg")),
+        Row("JPEG grey", 0, accepted(_image("JPEG", "L"), "image/jpeg")),
+        Row("a JPEG sent as image/png", 0, accepted(_image("JPEG"), "image/png")),
+        Row("WebP frame", 415, lambda ctx: pushed_then(ctx, _image("WEBP"), 0.0, "image/png")),
+        Row("BMP frame", 415, lambda ctx: pushed_then(ctx, _image("BMP"), 0.0, "image/png")),
+        Row("TIFF frame", 415, lambda ctx: pushed_then(ctx, _image("TIFF"), 0.0, "image/png")),
+        Row("48 PNGs decoding to 7.3 MB each in one clip", 0, decoded_flood),
+        # fairness: a wait that cannot end says so
+        Row("a question waiting for a time the stream never reaches", 0, ends_waiting),
     ]

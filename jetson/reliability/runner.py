@@ -159,7 +159,7 @@ def server_rows(folder: Path, only: str | None) -> list[dict]:
     tmp = folder / "server"
     tmp.mkdir()
     with server.serving(tmp) as (url, media, process):
-        rows = server.run_rows(url, media, only)
+        rows = server.run_rows(url, media, only, pid=process.pid)
         alive = process.poll() is None
     for row in rows:
         row["traceback"] = "Traceback" in row["observed"]

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -44,6 +44,8 @@ class Ctx:
     http: httpx.Client
     url: str
     media: Path
+    pid: int | None = None  # the server's process: rows that weigh what a request cost read its CPU and RSS
+    limits: dict = field(default_factory=lambda: dict(LIMITS))  # what the server was started with
 
     def open(self, **body) -> str:
         response = self.http.post("/v1/sessions", json=body)
@@ -143,7 +145,7 @@ def _many_opens(ctx: Ctx, count: int = 500) -> dict:
     retry = all(r.headers.get("retry-after") for r in responses if isinstance(r, httpx.Response)
                 and r.status_code == 429)
     counts = {c: codes.count(c) for c in sorted(set(codes))}
-    ok = set(codes) <= {"201", "429"} and 0 < codes.count("201") <= LIMITS["max_sessions"] and retry
+    ok = set(codes) <= {"201", "429"} and 0 < codes.count("201") <= ctx.limits["max_sessions"] and retry
     return {"ok": ok, "observed": f"{counts}" + ("" if retry else "; a 429 without Retry-After")}
 
 
@@ -151,7 +153,7 @@ def _questions_over_limit(ctx: Ctx) -> httpx.Response:
     """More questions in flight than the server takes: a session with no clip yet holds its questions."""
     sid = pushing(ctx)
     try:
-        for _ in range(LIMITS["max_questions"]):
+        for _ in range(min(ctx.limits["max_questions"], ctx.limits["max_session_questions"])):
             _ask_and_leave(ctx, sid)
         return ctx.http.post(f"/v1/sessions/{sid}/questions", json={"text": "what is on screen?", "stream": False})
     finally:
@@ -314,7 +316,7 @@ ROWS = [
     Row("slow client holding a connection", 0, _slow_client),
     Row("500 opens at once", 0, _many_opens),
 ]
-ROWS += hostile.rows(Row, _pushed_then, LIMITS)
+ROWS += hostile.rows(Row, _pushed_then)
 
 
 def judge(row: Row, result) -> dict:
@@ -335,13 +337,15 @@ def judge(row: Row, result) -> dict:
             + ("" if retry else " [no Retry-After]")}
 
 
-def run_rows(url: str, media: Path, only: str | None = None) -> list[dict]:
-    """Every row against the server at `url`; each row's result, and whether the server answered after it."""
+def run_rows(url: str, media: Path, only: str | None = None, pid: int | None = None,
+             limits: dict | None = None, each: Callable | None = None) -> list[dict]:
+    """Every row against the server at `url` (its process `pid`, started with `limits`); each row's result, and
+    whether the server answered after it (`each(row)` called as each is done)."""
     import re
 
     rows = []
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60) as http:
-        ctx = Ctx(http, url, media)
+        ctx = Ctx(http, url, media, pid, LIMITS | (limits or {}))
         for row in ROWS:
             if only and not re.search(only, row.name):
                 continue
@@ -357,6 +361,8 @@ def run_rows(url: str, media: Path, only: str | None = None) -> list[dict]:
             rows.append({"input": f"server: {row.name}", "where": "server", "expected": expected,
                          "observed": outcome["observed"] + ("" if up else " [SERVER DOWN]"),
                          "ok": outcome["ok"] and up})
+            if each is not None:
+                each(rows[-1])
     return rows
 
 
