@@ -16,7 +16,7 @@ def recency_bias(candidates: int, bias: float, device) -> torch.Tensor:
     return -torch.arange(candidates - 1, -1, -1, device=device, dtype=torch.float32) * (bias / candidates)
 
 
-MAX_BIAS = 1e4
+MAX_BIAS = 1e6
 
 
 @dataclass

@@ -228,7 +228,8 @@ CASES = [
     Case("disk full mid-session (ENOSPC from the first clip's file on)", "cli fault", PLAYS,
          lambda t: [clip(), "--session", str(t / "s"), *SHORT, "--ask", f"{SAMPLE_QUESTION} @4s",
                     "--ask", f"{SAMPLE_QUESTION} @9s"], fault=("enospc", 9, 1), slow=True,
-         warns=r"transcript.jsonl cannot be written \(the disk is full\); answers from now on are printed",
+         warns=r"transcript.jsonl and clips.jsonl cannot be written \(the disk is full\); answers from now on are "
+               r"printed",
          notes="was exit 1 'internal error' at the first answer", meta={"answers": 2}),
     Case("disk turns read-only mid-session (EROFS)", "cli fault", PLAYS,
          lambda t: [clip(), "--session", str(t / "s"), *SHORT, "--ask", f"{SAMPLE_QUESTION} @4s",
