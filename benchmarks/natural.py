@@ -46,8 +46,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from inf_mllm.intent import sees
 from models import load_adapter
+from models.intent import sees
 from models.tiny_vlm.labels import mentioned, words_of
 from models.tiny_vlm.model import TinyVLM
 from models.tiny_vlm.scenes import _video_path, article, frames_at, video_shape

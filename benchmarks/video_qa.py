@@ -23,9 +23,9 @@ import torch
 from tqdm import tqdm
 
 from inf_mllm import KVShape, recall
-from inf_mllm.intent import references
 from inf_mllm.recall import resident_spans
 from models import load_adapter
+from models.intent import references
 from models.tiny_vlm.data import group_by_image, image_paths, load_image, named, questions
 from streaming.clips import clip_end, grouped
 from streaming.engine import TurnEngine

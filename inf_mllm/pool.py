@@ -124,10 +124,17 @@ class SessionPool:
             self.streams[session] = need or 0
         return PooledSession(self, session)
 
-    def open(self, policy="inf_mllm", budget=None, headroom: int = 0, **options) -> "PooledSession":
-        """A new session on the pool's model (StreamSession's arguments), admitted."""
-        session = StreamSession(self.model, self.tokenizer, policy, budget, **options)
+    def open(self, policy="inf_mllm", budget=None, headroom: int = 0, make=None, prepare=None,
+             **options) -> "PooledSession":
+        """A new session, admitted: the one way every product opens one. Built on the pool's thread (its system
+        prompt's prefill) by `make()` (an adapter's checked session) or from StreamSession's arguments; its cache's
+        room for a turn and an answer (`headroom`) reserved; `prepare(session)` (a resumed session's exchanges put
+        back) on the pool's thread; then admitted or refused in one line (`PoolFull`)."""
+        session = self.call(None, make or (lambda: StreamSession(self.model, self.tokenizer, policy, budget,
+                                                                 **options)))
         session.cache.reserve(headroom)
+        if prepare is not None:
+            self.call(None, prepare, session)
         return self.admit(session)
 
     def release(self, session: StreamSession) -> None:

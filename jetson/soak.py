@@ -70,9 +70,8 @@ def soak_streams(adapter, video, policy: str, budget, rounds: int | None, durati
     with Tegrastats(interval_ms=int(args.sample_s * 1000)) as teg:
         for i in range(streams):
             own = adapter.fork()
-            session = pool.call(None, own.new_session, policy, budget=budget, **options)
-            session.cache.reserve(headroom(own, args.max_new_tokens))
-            pooled = pool.admit(session)
+            pooled = pool.open(make=lambda own=own: own.new_session(policy, budget=budget, **options),
+                               headroom=headroom(own, args.max_new_tokens))
             engine = TurnEngine(own, pooled, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens)
             engines.append(engine)
 

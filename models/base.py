@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from inf_mllm.intent import Intent, Resolution, linking, log_answer, read, resolve
 from inf_mllm.session import StreamSession
 from inf_mllm.spec import PolicySpec
+
+from .intent import Intent, Resolution, linking, log_answer, read, resolve
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class EncodedClip:
 @dataclass
 class Reading:
     """A question as every caller asks it (the engine and `VideoAdapter.ask`): what it asks for and the clips that
-    answer it (`inf_mllm.intent`), the text the model reads (`VideoAdapter.phrase`), what recall may link
+    answer it (`models.intent`), the text the model reads (`VideoAdapter.phrase`), what recall may link
     (`intent.linking`: exactly the resolved clips, none for the present), whether the question and its answer stay
     in the cache, and the answer when the clip log holds it (when / how often: no model needed)."""
 
@@ -221,7 +222,7 @@ class VideoAdapter(ABC):
                        focus is None or self.past_answers_stay, log_answer(intent, resolution))
 
     def phrase(self, intent, clip: int | None) -> str:
-        """The question as this model should read it, given its `inf_mllm.intent.Intent` and the clip the
+        """The question as this model should read it, given its `models.intent.Intent` and the clip the
         answer is about (None: the latest). Models that read plain words take it as asked."""
         return intent.text
 

@@ -119,14 +119,16 @@ class HostedSession(LiveSession):
         pool = shared_pool(settings.model)
         extra = {"store": folder.open_store()} if folder is not None else {}
         resume_at, before = (0, 0.0), []
-        try:  # the system prompt's prefill, on the pool's thread
-            session, _ = pool.call(None, open_session, adapter, spec, budget, settings.max_new_tokens, **extra)
-            session.cache.reserve(headroom(adapter, settings.max_new_tokens))
-            if folder is not None and folder.resume:
-                resume_at = folder.resume_point(session.store)
-                pool.call(None, session.restore, folder.exchanges())
-                before = [Answer(**{k: v for k, v in row.items() if k in ANSWER_FIELDS}) for row in folder.answered()]
-            session = pool.admit(session)
+        def restore(session):  # a session continued from its folder: its exchanges put back
+            nonlocal resume_at, before
+            resume_at = folder.resume_point(session.store)
+            session.restore(folder.exchanges())
+            before = [Answer(**{k: v for k, v in row.items() if k in ANSWER_FIELDS}) for row in folder.answered()]
+
+        try:
+            session = pool.open(make=lambda: open_session(adapter, spec, budget, settings.max_new_tokens, **extra)[0],
+                                headroom=headroom(adapter, settings.max_new_tokens),
+                                prepare=restore if folder is not None and folder.resume else None)
         except ValueError as err:  # too small a budget, a bad window, no room in the pool: as stream-qa says it
             if folder is not None:
                 folder.close(folder.store)

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from inf_mllm.intent import seconds
+from models.intent import seconds
 
 from .errors import UserError
 

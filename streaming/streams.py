@@ -124,11 +124,10 @@ def run_streams(args, sources, questions, spec, adapter, out, folders=None, sett
         for i, ((label, source), folder) in enumerate(zip(sources, folders, strict=True), start=1):
             own = adapter.fork()
             extra = {"store": folder.open_store()} if folder is not None else {}
-            session, _ = pool.call(None, open_session, own, spec, args.budget, args.max_new_tokens, args.device,
-                                   **extra)
-            session.cache.reserve(headroom(own, args.max_new_tokens))
             try:
-                pooled = pool.admit(session)
+                pooled = pool.open(make=lambda own=own, extra=extra: open_session(
+                    own, spec, args.budget, args.max_new_tokens, args.device, **extra)[0],
+                    headroom=headroom(own, args.max_new_tokens))
             except PoolFull as err:
                 raise ConfigError(f"stream {i} ({label}): {err} ({free.explain()})") from None
             engine = TurnEngine(own, pooled, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,

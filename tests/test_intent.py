@@ -1,10 +1,10 @@
-"""Questions in plain words (`inf_mllm/intent.py`): what they ask, which clips answer them, the answers
+"""Questions in plain words (`models/intent.py`): what they ask, which clips answer them, the answers
 read off the clip log, and, on the real tiny-vlm with real photos, recall that links the clip a question
 needs and nothing for a question about the present."""
 
 import pytest
 
-from inf_mllm.intent import clock, log_answer, read, resolve
+from models.intent import clock, log_answer, read, resolve
 from streaming.provenance import notes
 
 SEEN = ["clock", "tram", "Egyptian Mau (cat), tabby cat", "Egyptian Mau (cat), tabby cat", "suit (person), "
@@ -188,8 +188,8 @@ def test_a_log_without_detections_leaves_how_many_to_the_model():
 
 
 def test_the_counted_words_are_the_detectors():
-    from inf_mllm.intent import counted
     from models.detector import WORDS
+    from models.intent import counted
     from models.tiny_vlm.labels import OBJECTS
 
     single = {w for w in OBJECTS if " " not in w} | {"person"}

@@ -1,0 +1,62 @@
+"""Every error as JSON, {"error": "one line"}, with its status; anything unforeseen is a 500 without a traceback."""
+
+import sys
+import traceback
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from .schema import MODELS_OF, AskRequest
+from .sessions import Refused
+
+
+def error(status: int, message: str, retry_after: float | None = None) -> JSONResponse:
+    headers = {"Retry-After": f"{max(1, round(retry_after))}"} if retry_after is not None else None
+    if status == 401:
+        headers = {"WWW-Authenticate": "Bearer"}
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def one_line(text: str) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
+def invalid(path: str, err: RequestValidationError) -> JSONResponse:
+    """A body that does not validate: malformed JSON 400; an unknown field 422 naming the known ones; else 422."""
+    errors = err.errors()
+    first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0] if errors else {})
+    if first.get("type") == "json_invalid":
+        return error(400, f"malformed JSON: {one_line(first.get('ctx', {}).get('error', 'cannot be read'))}")
+    where_in = [str(p) for p in first.get("loc", ()) if p != "body"]
+    where = ".".join(where_in) or "request"
+    if first.get("type") == "extra_forbidden":
+        model = AskRequest if path.endswith("/questions") else MODELS_OF.get(".".join(where_in[:-1]))
+        known = ", ".join(model.model_fields) if model else "see /docs"
+        return error(422, f"{where}: unknown field; known fields: {known}")
+    return error(422, f"{where}: {one_line(first.get('msg', 'invalid'))}")
+
+
+def install(app: FastAPI, metrics) -> None:
+    """The app's exception handlers (a refusal counted in `metrics` when it is a 429)."""
+
+    @app.exception_handler(Refused)
+    async def _refused(request, err: Refused):
+        if err.status == 429:
+            metrics.refused.labels(request.url.path.rsplit("/", 1)[-1] or "root").inc()
+        return error(err.status, err.message, err.retry_after)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request, err: HTTPException):
+        return error(err.status_code, one_line(err.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request, err: RequestValidationError):
+        return invalid(request.url.path, err)
+
+    @app.exception_handler(Exception)
+    async def _bug(request, err: Exception):
+        traceback.print_exception(err, file=sys.stderr)  # the server's log has it; the client gets one line
+        return error(500, f"internal error ({type(err).__name__}); the server's log has the details")

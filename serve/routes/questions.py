@@ -1,0 +1,136 @@
+"""A question to a session: its limits (its session's, the server's), then its answer as server-sent events
+(`waiting` while the video has not reached its time; `start`, `token`…, `answer`; `error` if the stream ended
+first) or, with `"stream": false`, the answer's record alone."""
+
+import asyncio
+import json
+
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from ..context import AUTHORISED, SERVER, Server
+from ..schema import AskRequest
+from ..sessions import Refused
+
+UNANSWERED = "the stream ended before this question's turn"
+WAITING_EVERY_S = 5.0  # a question waiting for video says so this often
+
+router = APIRouter(prefix="/v1/sessions/{session_id}", dependencies=AUTHORISED)
+
+
+@router.post("/questions")
+async def ask(session_id: str, req: AskRequest, srv: Server = SERVER):
+    hosted = await srv.find(session_id)
+    admit(srv, hosted.live)
+    answering = Answering(srv, hosted, req)
+    if req.stream:
+        return StreamingResponse(answering.events(srv.config.sse_batch_ms / 1e3), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    return await answering.record()
+
+
+def admit(srv: Server, live) -> None:
+    """A question's limits: its session's questions in flight (waiting for video included), then the server's
+    (only those whose video time has come), and a stream that can still answer."""
+    config = srv.config
+    if live.in_flight >= config.max_session_questions:
+        raise Refused(429, f"this session has {live.in_flight} questions waiting ({config.max_session_questions} "
+                           "at most); retry once one is answered", retry_after=1)
+    if srv.sessions.questions_in_flight() >= config.max_questions:
+        raise Refused(429, f"{config.max_questions} questions are being answered; retry shortly", retry_after=1)
+    if live.finished.is_set():
+        raise Refused(409, "this session's stream failed; it answers no more questions (see its notices)")
+
+
+class _ToLoop:
+    """A thread's `put` handed to an asyncio queue on the server's loop (a live session's answer events)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop, self.queue = loop, asyncio.Queue()
+
+    def put(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+
+def sse(event: str, data) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+class Answering:
+    """One question asked of a live session, its events carried from the model's thread to this loop."""
+
+    def __init__(self, srv: Server, hosted, req: AskRequest):
+        self.srv, self.hosted, self.live, self.req = srv, hosted, hosted.live, req
+        self.queue = _ToLoop(asyncio.get_running_loop())
+        self.live.ask(req.text, req.at, out=self.queue)
+
+    def waiting(self) -> bytes:
+        """While the video has not reached the question's time: an SSE `waiting` event (now / needed), so a client
+        can tell waiting from hanging."""
+        now, at = self.live.engine.video_t, self.req.at
+        if at is None or now >= at:
+            return b""
+        pushed = self.hosted.pushed
+        return sse("waiting", {"video_t": round(now, 3), "needed": at,
+                               "frames_pushed": pushed.pushed if pushed else None})
+
+    def unanswered(self) -> str:
+        now, at = self.live.engine.video_t, self.req.at
+        if at is None or now >= at:
+            return UNANSWERED
+        pushed = f"; {self.hosted.pushed.pushed} frames pushed" if self.hosted.pushed else ""
+        return f"the stream ended at {now:.1f} s of video, before this question's time ({at:g} s){pushed}"
+
+    def answered(self, item) -> dict:
+        self.srv.metrics.answered(item, self.live.telemetry())
+        return item.as_dict()
+
+    async def record(self) -> dict:
+        """The answer's record alone: the start and the tokens are passed over."""
+        while True:
+            item = await self.queue.queue.get()
+            if item is None:
+                raise Refused(409, self.unanswered())
+            if not isinstance(item, tuple | str):
+                return self.answered(item)
+
+    async def events(self, batch_s: float):
+        """SSE chunks of the answer's events; tokens after the first that come within `batch_s` of each other go
+        out as one chunk (each chunk costs a hop through a proxy such as Ray's); `waiting` events at once and every
+        few seconds while the question waits for video."""
+        loop, pending, deadline, tokens, started = asyncio.get_running_loop(), b"", None, 0, False
+        getter = asyncio.ensure_future(self.queue.queue.get())  # kept across waits: a timed-out wait loses nothing
+        try:
+            if first := self.waiting():
+                yield first
+            while True:
+                if deadline is None and not started:
+                    done, _ = await asyncio.wait({getter}, timeout=WAITING_EVERY_S)
+                    if not done:
+                        yield self.waiting() or b": still working\n\n"
+                        continue
+                if deadline is not None:
+                    done, _ = await asyncio.wait({getter}, timeout=max(0.0, deadline - loop.time()))
+                    if not done:
+                        yield pending
+                        pending, deadline = b"", None
+                        continue
+                item = await getter
+                getter = asyncio.ensure_future(self.queue.queue.get())
+                if item is None or not isinstance(item, tuple | str):  # the end: unanswered, or the record
+                    last = sse("error", {"error": self.unanswered()}) if item is None else sse("answer",
+                                                                                             self.answered(item))
+                    yield pending + last
+                    return
+                if isinstance(item, tuple):
+                    chunk, started = sse("start", {"video_t": item[1]}), True
+                else:
+                    chunk, tokens = sse("token", {"text": item}), tokens + 1
+                if isinstance(item, str) and tokens > 1 and batch_s > 0:
+                    pending += chunk
+                    deadline = deadline if deadline is not None else loop.time() + batch_s
+                else:
+                    yield pending + chunk
+                    pending, deadline = b"", None
+        finally:
+            getter.cancel()
