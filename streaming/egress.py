@@ -24,17 +24,10 @@ HOP_HEADERS = {"connection", "proxy-connection", "proxy-authorization", "keep-al
 
 
 def address_for(policy: UrlPolicy, url: str) -> tuple[str, int]:
-    """(address, port) to connect to for `url`, checked by the policy now: the address connected to is the one
-    checked."""
+    """(address, port) to connect to for `url`: an address the policy checked, from its one resolution (no second
+    lookup that could answer differently)."""
     parts = urlsplit(url)
-    port = parts.port or PORTS.get(parts.scheme.lower(), 80)
-    policy.check(url)
-    if parts.hostname.lower() in policy.allow_hosts:
-        return parts.hostname, port
-    infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
-    for address in [info[4][0] for info in infos]:  # every one passed `check` a moment ago; take the first
-        return address, port
-    raise UrlRefused(f"{url}: its host resolves to nothing")
+    return policy.addresses(url)[0], parts.port or PORTS.get(parts.scheme.lower(), 80)
 
 
 class _Relay(http.server.BaseHTTPRequestHandler):
@@ -93,7 +86,7 @@ class _Relay(http.server.BaseHTTPRequestHandler):
         self.close_connection = True
 
     def log_message(self, *args):
-        pass
+        """Quiet: what it refused is in `refused`, and FFmpeg reports what it could not open."""
 
 
 def _pipe(a: socket.socket, b: socket.socket) -> None:

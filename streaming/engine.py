@@ -216,7 +216,7 @@ class TurnEngine:
                     on_clip(item)
             if self.error is not None:
                 raise self.error
-            for q in [] if self.stop.is_set() else schedule.rest(self.video_t):  # asked after the video ended
+            for q in [] if self.stop.is_set() else schedule.rest():  # asked after the video ended
                 yield self.answer(q, on_token)
         finally:
             self.stop.set()

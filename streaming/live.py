@@ -21,12 +21,12 @@ from .questions import Question, Schedule
 class LockedSchedule(Schedule):
     """Questions added by other threads while the model thread pops them."""
 
-    def __init__(self, unreached=None):
-        """`unreached(questions)`: once the stream has ended, what to do with questions timed past its end (they
-        are then not answered); None: answered at the end, as `stream-qa` does."""
+    def __init__(self, unreached=None, video_t=None):
+        """`unreached(questions)`: once the stream has ended (at `video_t()`), what to do with questions timed past
+        its end (they are then not answered); None: answered at the end, as `stream-qa` does."""
         super().__init__([])
         self.lock = threading.Lock()
-        self.unreached = unreached
+        self.unreached, self.video_t = unreached, video_t
 
     def due(self, video_t):
         with self.lock:
@@ -36,12 +36,13 @@ class LockedSchedule(Schedule):
         with self.lock:
             super().add(question)
 
-    def rest(self, video_t: float | None = None):
+    def rest(self):
         with self.lock:
             out = super().rest()
-        if self.unreached is None or video_t is None:
+        if self.unreached is None:
             return out
-        past = [q for q in out if q.at is not None and q.at > video_t + 1e-6]
+        end = self.video_t()
+        past = [q for q in out if q.at is not None and q.at > end + 1e-6]
         if past:
             self.unreached(past)
         return [q for q in out if q not in past]
@@ -80,7 +81,7 @@ class LiveSession:
         self.engine.drop_when_full = self.source.live
         budgets = session.cache.budgets
         self.budget_tokens = max(budgets) if budgets else None
-        self.schedule = LockedSchedule(self._unreached if answers_after_end else None)
+        self.schedule = LockedSchedule(self._unreached if answers_after_end else None, lambda: self.engine.video_t)
         self.waiting: dict[int, tuple] = {}  # id(question) -> (the question, its queue), until it is answered
         self.current = None
         self.shown = None  # the newest clip appended (`_on_clip`)
@@ -105,7 +106,7 @@ class LiveSession:
             while self.answers_after_end and not self.closing:  # the video is over; what it showed is not
                 self._asked.wait(0.25)
                 self._asked.clear()
-                for question in self.schedule.rest(self.engine.video_t):
+                for question in self.schedule.rest():
                     self._answered(self.engine.answer(question, self._on_token))
         except Exception as err:  # a truncated file, a camera lost: said to the viewer, the front end keeps working
             self._notice(f"⚠ {self.label}: {str(err).splitlines()[0] if str(err) else type(err).__name__}")

@@ -117,7 +117,6 @@ class Schedule:
             self.timed.append(question)
             self.timed.sort(key=lambda q: q.at)
 
-    def rest(self, video_t: float | None = None) -> list[Question]:
-        """Every question still waiting (the stream has ended at `video_t`)."""
+    def rest(self) -> list[Question]:
         out, self.now, self.timed = self.now + self.timed, [], []
         return out

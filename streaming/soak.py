@@ -47,7 +47,7 @@ class EveryKRounds:
             self.released += 1
         return out
 
-    def rest(self, video_t: float | None = None):
+    def rest(self):
         return []
 
 

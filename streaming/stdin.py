@@ -69,7 +69,7 @@ class StdinQuestions:
         with self.lock:
             return self.schedule.due(t)
 
-    def rest(self, video_t: float | None = None):
+    def rest(self):
         if not sys.stdin.isatty():  # a pipe: what it already holds is asked too
             self.eof.wait(timeout=2.0)
         if self.error:

@@ -52,6 +52,12 @@ class UrlPolicy:
 
     def check(self, url: str) -> str:
         """The URL, if the policy opens it (its host resolved now, every address checked); else `UrlRefused`."""
+        self.addresses(url)
+        return url
+
+    def addresses(self, url: str) -> list[str]:
+        """Where the URL's host resolves now, every address checked (an allowed host: its name); else
+        `UrlRefused`."""
         parts = parse(url)
         if parts.scheme.lower() not in self.schemes:
             raise UrlRefused(f"{redact(url)}: a source URL must be {', '.join(self.schemes)}")
@@ -59,7 +65,7 @@ class UrlPolicy:
         if not host:
             raise UrlRefused(f"{redact(url)}: the URL names no host")
         if host.lower() in self.allow_hosts:
-            return url
+            return [host]
         try:
             port = parts.port or PORTS.get(parts.scheme.lower(), 0)
         except ValueError:
@@ -74,7 +80,7 @@ class UrlPolicy:
                 raise UrlRefused(f"{redact(url)}: its host resolves to {address}, {why}; the server opens only "
                                  f"public addresses unless its operator allows this host (--allow-url-host) or "
                                  f"private ones (--allow-private-urls)")
-        return url
+        return sorted(found)
 
     def refuses(self, address) -> str | None:
         """Why an address is not opened, or None (Python counts multicast as global: it is checked first; an

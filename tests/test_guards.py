@@ -7,8 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from jetson.reliability.hostile import jpeg_announcing, png_announcing, strip
-from jetson.reliability.server import image
+from jetson.reliability.hostile import image, jpeg_announcing, png_announcing, strip
 from models.tiny_vlm.perception import MAX_TILES, tile_boxes, views
 from serve.guards import FrameRefused, decode_frame
 from streaming.pushed import PushedFrames

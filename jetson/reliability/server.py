@@ -61,12 +61,6 @@ def jpeg(w: int = 64, h: int = 48) -> bytes:
     return encoded(np.full((h, w, 3), 120, np.uint8))
 
 
-def image(kind: str, w: int = 64, h: int = 48) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", (w, h), (10, 200, 30)).save(buf, kind)
-    return buf.getvalue()
-
-
 def pushing(ctx: Ctx) -> str:
     """A fresh pushed-frames session (closed by `rows`' caller when the row ends)."""
     return ctx.open(budget="256")
@@ -287,7 +281,7 @@ ROWS = [
     Row("frame time the same again", 400, lambda ctx: _pushed_then(ctx, jpeg(), 2.0, first=2.0)),
     Row("frame bytes that are no image", 400, lambda ctx: _pushed_then(ctx, os.urandom(3000), 0.0)),
     Row("frame JPEG cut short", 400, lambda ctx: _pushed_then(ctx, jpeg(640, 480)[:700], 0.0)),
-    Row("frame that is a GIF", 415, lambda ctx: _pushed_then(ctx, image("GIF"), 0.0)),
+    Row("frame that is a GIF", 415, lambda ctx: _pushed_then(ctx, hostile.image("GIF"), 0.0)),
     Row("frame as text/plain", 415, lambda ctx: _pushed_then(ctx, jpeg(), 0.0, "text/plain")),
     Row("frame with no content type", 415, lambda ctx: _pushed_then(ctx, jpeg(), 0.0, "")),
     Row("frame body empty", 400, lambda ctx: _pushed_then(ctx, b"", 0.0)),
@@ -371,7 +365,7 @@ def media_folder(tmp: Path) -> Path:
     media = tmp / "media"
     media.mkdir(parents=True, exist_ok=True)
     (media / "bikes.mp4").write_bytes(Path(clip()).read_bytes())
-    (media / "picture.png").write_bytes(image("PNG"))
+    (media / "picture.png").write_bytes(hostile.image("PNG"))
     (media / "empty.mp4").write_bytes(b"")
     outside = write_video(tmp / "outside-real.mp4", 64, 48)
     with contextlib.suppress(FileExistsError):
