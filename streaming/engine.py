@@ -203,7 +203,7 @@ class TurnEngine:
                     item = self.clips.get(timeout=_POLL_S)
                 except queue.Empty:
                     item = _WAKE
-                if item is _END:
+                if item is _END or self.stop.is_set():  # stopped while waiting: no turn begins after it
                     break
                 if item is _WAKE:  # between turns and idle: untimed questions, and those the video has reached
                     for q in schedule.due(self.video_t) if self.has_clips else []:

