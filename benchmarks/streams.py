@@ -149,7 +149,7 @@ def slot_round(model, n: int, rounds: int, device: str, mode: str | None) -> dic
         for _ in range(0, FILL, 200):
             session.append(torch.randint(3, model.config.vocab_size, (1, 200), device=device))
         streams.append(pool.admit(session))
-    bound = pool.bound(streams[0].session)
+    bound = pool.admission.bound(streams[0].session)
     ttfts, steps, tokens, memory = [], [], [], []
     for r in range(rounds + 1):
         asks = [torch.randint(3, model.config.vocab_size, (1, 32), device=device) for _ in range(n)]
@@ -259,7 +259,7 @@ def decode_rounds(model, tok, n: int, rounds: int) -> dict[str, dict]:
             own["tokens"] += k * (ANSWER - 1)
             own["decode_s"] += span
             own["steps"].append(span / (ANSWER - 1) * 1e3)  # pool: one batched step per answer token
-    bounds = {"lock": 0, **{mode: pool.bound(sessions[mode][0]) for mode, pool in pools.items()}}
+    bounds = {"lock": 0, **{mode: pool.admission.bound(sessions[mode][0]) for mode, pool in pools.items()}}
     bounds.update({mode + ONE: bounds[mode] for mode in pools})
     if not pools[SLOTTED].slot_decode.rows_advanced or pools[SLOTTED].slot_decode.failed:
         raise RuntimeError(f"the slot step did not run: {pools[SLOTTED].slot_decode.failed}")

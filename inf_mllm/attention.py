@@ -78,7 +78,7 @@ def _observing_sdpa(module, query, key, value, attention_mask, **kwargs):
     if forward is None or not forward.observers or index is None:  # nothing observes it (or a call outside the seam)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     layer = forward.cache.layers[index]
-    l = layer.window_len(query.shape[2])
+    l = layer.window_len(query.shape[2], forward)
     if l == 0:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     scaling = kwargs.get("scaling") or query.shape[-1] ** -0.5

@@ -21,7 +21,7 @@ from transformers.cache_utils import Cache
 
 from .attention import FORWARD_KWARG, use_observing_attention
 from .budget import KVShape, layer_budgets
-from .layer import ProbeDone, StreamingLayer  # noqa: F401 (ProbeDone re-exported for the session)
+from .layer import LayerSetup, ProbeDone, StreamingLayer  # noqa: F401 (ProbeDone re-exported for probes.py)
 from .observers import declared
 from .policies import LayerView, Policy, Uniform, build
 from .positions import LinearRoPE, MultimodalRoPE, TurnPositions
@@ -94,7 +94,8 @@ class StreamingCache(Cache):
         self.vision_seen = False  # some turn held visual tokens (VL-Cache's post-vision queries)
         self.timing = ScoreTime()
         self.current = Forward(self)  # the forward under way (a plain prompt when none was opened)
-        self.layers = [StreamingLayer(i, self) for i in range(num_layers)]
+        setup = LayerSetup(static, self.rope, self.track_turns, inv_freq, self.rotations, self.statistics, policy)
+        self.layers = [StreamingLayer(i, setup) for i in range(num_layers)]
         if budgets is not None:
             for budget in budgets:
                 policy.check(budget)
@@ -141,6 +142,10 @@ class StreamingCache(Cache):
         finally:
             self.current = Forward(self, turn=fwd.turn, vision_seen=self.vision_seen)
 
+    def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        """The model's call for layer `layer_idx`'s new K/V: the layer gets the forward under way as an argument."""
+        return self.layers[layer_idx].update(key_states, value_states, self.current)
+
     @property
     def decode_observers(self) -> list:
         """The observers that score a decode step (H2O's accumulated attention)."""
@@ -170,25 +175,23 @@ class StreamingCache(Cache):
 
     def buffers(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Every layer's whole K and V buffers (B, H, capacity, D): the cache is their first rows."""
-        return [(layer._k.buf, layer._v.buf) for layer in self.layers]
+        return [layer.buffers() for layer in self.layers]
 
     def release(self) -> None:
-        """Its session is closed: its buffers go now. Each layer refers to its cache, positions and statistics, and they
-        to it, so otherwise the buffers wait for the garbage collector's next full pass: a server opening and closing
-        sessions held every closed session's cache until then (~14 MB each for tiny-vlm at budget 256). The cache is
-        not used again."""
-        for layer in self.layers:
-            vars(layer).clear()  # every reference out of it dropped: its cycles broken, its buffers freed
+        """Its session is closed: its buffers go now, not at the garbage collector's next full pass (a server opening
+        and closing sessions would hold every closed session's cache until then, ~14 MB each for tiny-vlm at budget
+        256). No layer is in a reference cycle (it knows its `LayerSetup`, not the cache; its positions and
+        statistics know it weakly), so letting go of the layers frees them. The cache is not used again."""
         self.layers, self.current = [], Forward()
 
     def free_rows(self) -> int:
         """Rows every layer's buffers still have past the cache."""
-        return min(layer._k.capacity - layer.get_seq_length() for layer in self.layers)
+        return min(layer.capacity - layer.get_seq_length() for layer in self.layers)
 
     def written(self, new: int) -> None:
         """`new` rows were written past the cache, into the buffers, by a compiled step: they are the cache's now."""
         for layer in self.layers:
-            layer.written(new)
+            layer.written(new, self.current)
 
     # --- turn boundaries -------------------------------------------------------------------------------
 

@@ -6,6 +6,10 @@ once by the cache; what is kept per token besides K/V (turn ids for recall, last
 tokens through every move. Elastic's merge, the other reducer, is merge.py.
 """
 
+import weakref
+from contextlib import nullcontext
+from dataclasses import dataclass
+
 import torch
 from transformers.cache_utils import DynamicLayer
 
@@ -21,6 +25,20 @@ class ProbeDone(Exception):
     """Ends a probe forward (`Forward.probe_until`) once its last wanted layer has run."""
 
 
+@dataclass(frozen=True)
+class LayerSetup:
+    """What every layer of one cache shares, fixed when the cache is built. It refers to nothing that refers back to
+    a layer, so a layer is freed by reference counting alone once its cache lets go of it."""
+
+    static: bool  # K/V in preallocated buffers written in place (False: transformers' torch.cat)
+    rope: type  # the position strategy (positions.py)
+    track_turns: bool  # every token's turn kept (recall)
+    inv_freq: torch.Tensor
+    rotations: object  # positions.RotationTable
+    statistics: dict  # what the observers record, declared (observers.declared)
+    policy: Policy
+
+
 class StreamingLayer(DynamicLayer):
     """One layer's K/V plus what its observers recorded (`stats`), evicted or merged when told.
 
@@ -32,15 +50,16 @@ class StreamingLayer(DynamicLayer):
     linked (recalled) tokens carry -1 - span id, and `linked` says where they sit, (index, count), so taking
     them out needs no look at the device (`...`: somewhere, after a move that did not keep them together)."""
 
-    def __init__(self, layer_idx: int, cache):
+    def __init__(self, layer_idx: int, setup: LayerSetup):
         # K/V and what is kept per token live in preallocated buffers (buffer.py), set before the base class
         # sets keys; every `self.keys = ...`, `self.turn_ids = ...` below writes into them
-        self._k, self._v, self._ids = (KVBuffer(cache.static) for _ in range(3))
+        self._k, self._v, self._ids = (KVBuffer(setup.static) for _ in range(3))
         super().__init__()
         self.layer_idx = layer_idx
-        self.cache = cache
-        self.pos = cache.rope(self)
-        self.stats = Statistics(self)
+        self.setup = setup
+        # its positions and statistics refer back to it weakly: no cycle keeps a released layer's buffers alive
+        self.pos = setup.rope(weakref.proxy(self))
+        self.stats = Statistics(weakref.proxy(self))
         self.prompt_len = 0
         self.start = 0
         self.budget: int | None = None  # the last budget its allocator gave it
@@ -56,8 +75,9 @@ class StreamingLayer(DynamicLayer):
         """Multimodal RoPE: each token's unit base (None under 1-D RoPE)."""
         return getattr(self.pos, "base", None)
 
-    def update(self, key_states, value_states, *args, **kwargs):
-        forward = self.cache.current
+    def update(self, key_states, value_states, forward):
+        """Append this forward's new K/V (`forward`: the `cache.Forward` under way, which the cache passes down as
+        transformers passes `cache_kwargs`)."""
         if forward.probe_until is not None and self.layer_idx >= forward.probe_until:
             raise ProbeDone  # the probe has the keys it needs: the deeper layers need not run
         if not self.is_initialized:
@@ -89,23 +109,22 @@ class StreamingLayer(DynamicLayer):
         self.keys[:, :, at], self.values[:, :, at] = k, v
         return key_states[:, :, s:], value_states[:, :, s:], None
 
-    def written(self, new: int) -> None:
+    def written(self, new: int, forward) -> None:
         """`new` rows were written into the buffers past the cache by a compiled decode step (compiled.py)."""
         self._k.n += new
         self._v.n += new
-        self._grew(new, self.cache.current)
+        self._grew(new, forward)
 
     def _grew(self, new: int, forward) -> None:
         """What the layer keeps per token besides K/V, grown by the `new` tokens just appended."""
-        if self.cache.track_turns:
+        if self.setup.track_turns:
             keys = self.keys
             self._ids.append(torch.full((*keys.shape[:2], new), forward.turn, dtype=torch.long, device=keys.device))
         self.pos.place(new, forward.incoming)
         self.stats.grow(new)
 
-    def window_len(self, q_len: int) -> int:
-        """How many of this forward's last queries the observers want scored (0: none)."""
-        forward = self.cache.current
+    def window_len(self, q_len: int, forward) -> int:
+        """How many of `forward`'s last queries the observers want scored (0: none)."""
         self._wants = [(obs, obs.queries(forward, q_len)) for obs in forward.observers]
         return max((want for _, want in self._wants), default=0)
 
@@ -183,7 +202,7 @@ class StreamingLayer(DynamicLayer):
         if not self.is_initialized:  # nothing cached before it (a restored session that opens with no turn)
             self.lazy_initialization(keys, values)
         m, (b, h), n = keys.shape[2], keys.shape[:2], self.get_seq_length()
-        inv_freq = self.cache.inv_freq
+        inv_freq = self.setup.inv_freq
         to, shift = self.pos.open(at, bases, m)
         if isinstance(to, int) and not to and not bool(moves.any()):
             block = keys
@@ -194,7 +213,7 @@ class StreamingLayer(DynamicLayer):
             tail = rerotate(self.keys[:, :, at:], torch.full((1, 1, n - at), shift, device=keys.device), inv_freq)
         self._k.insert(at, block.to(self.keys.dtype), tail)
         self._v.insert(at, values.to(self.values))
-        if self.cache.track_turns:
+        if self.setup.track_turns:
             self._ids.insert(at, tags.to(self.keys.device).expand(b, h, m))
         self.stats.insert(at, m)
         if recalled:
@@ -220,6 +239,31 @@ class StreamingLayer(DynamicLayer):
         self.linked = None
 
     # --- buffers and rollback ---------------------------------------------------------------------
+
+    def buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole K and V buffers (B, H, capacity, D): the layer's tokens are their first rows."""
+        return self._k.buf, self._v.buf
+
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Move K/V into the given buffers (a slot of the arena, slots.py, or copies of its own)."""
+        self._k.adopt(keys)
+        self._v.adopt(values)
+
+    @property
+    def capacity(self) -> int:
+        return self._k.capacity
+
+    @property
+    def least(self) -> int:
+        """The fewest rows a buffer of this layer allocates (what `reserve` asked)."""
+        return self._k.least
+
+    def keys_from(self, n: int, make) -> None:
+        """The layer's keys become `make(out)`'s n rows: written in place at the front of its buffer when the rows
+        there were just taken (`out`), else a new tensor (`out` None)."""
+        front = self._k.front(n)
+        with self._k.writing() if front is not None else nullcontext():
+            self.keys = make(front)
 
     def fit(self) -> None:
         """Give back the buffer capacity a larger budget had reserved."""

@@ -19,7 +19,7 @@ def merge(layer, idx: torch.Tensor, start: int, end: int | None = None) -> None:
     idx = idx[:, None, :] if idx.dim() == 2 else idx  # (B, 1 or H, K)
     k, g = idx.shape[-1], idx.shape[1]
     mids = torch.div(idx[..., :-1] + idx[..., 1:], 2, rounding_mode="floor")
-    if getattr(layer.cache.policy, "merge_protects_ends", False) and k >= 3:  # Elastic Cache's Sec. 4
+    if getattr(layer.setup.policy, "merge_protects_ends", False) and k >= 3:  # Elastic Cache's Sec. 4
         mids[..., 0], mids[..., -1] = idx[..., 0], idx[..., -1] - 1  # the first and last anchors alone
     mids = mids.contiguous()
     pos = torch.arange(n, device=idx.device).expand(b, g, n).contiguous()
@@ -35,7 +35,7 @@ def merge(layer, idx: torch.Tensor, start: int, end: int | None = None) -> None:
     layer.values = (zeros.scatter_add(2, where, layer.values.float()) / mean).to(layer.values.dtype)
     for key, value in layer.stats.lasting():  # combined as each statistic declares (observers.MERGES)
         into = torch.zeros(b, h, k, dtype=value.dtype, device=idx.device)
-        if layer.cache.statistics[key].merge == "max":
+        if layer.setup.statistics[key].merge == "max":
             merged = into.scatter_reduce(-1, spread, value, "amax", include_self=False)
         else:
             merged = into.scatter_add_(-1, spread, value)

@@ -140,7 +140,7 @@ class Statistics(dict):
         self._buffers: dict = {}
 
     def _declared(self) -> dict[str, Statistic]:
-        return self.layer.cache.statistics
+        return self.layer.setup.statistics
 
     def put(self, key: str, value: torch.Tensor) -> None:
         """stats[key] = value, written into the statistic's buffer when it has one (an eviction's kept rows)."""
@@ -160,8 +160,8 @@ class Statistics(dict):
                 continue
             buf = self._buffers.get(key)
             if buf is None:
-                buf = self._buffers[key] = KVBuffer(self.layer.cache.static)
-                buf.least = self.layer._k.least
+                buf = self._buffers[key] = KVBuffer(self.layer.setup.static)
+                buf.least = self.layer.least
             buf.set(self.get(key))
             self[key] = buf.append(torch.zeros((*keys.shape[:2], new), dtype=torch.float32, device=keys.device))
 

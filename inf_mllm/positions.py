@@ -18,7 +18,6 @@ angle as a 1-D shift would (each dimension's angle is its axis's position times 
 kept.
 """
 
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -110,15 +109,13 @@ class LinearRoPE:
         reading `delta`."""
         layer = self.layer
         reach = layer.keys.shape[-2] + max(0, layer.start - start)
-        return layer.cache.rotations.rotate(keys, delta, reach, forward=start > layer.start, out=out)
+        return layer.setup.rotations.rotate(keys, delta, reach, forward=start > layer.start, out=out)
 
     def keep(self, keys: torch.Tensor, idx: torch.Tensor, start: int, end: int | None) -> None:
         """The layer's keys become `keys`, taken at idx (B, g, K), re-rotated to sit at start..start+K-1."""
         layer = self.layer
         delta = torch.arange(idx.shape[-1], device=idx.device) + (start - layer.start) - idx  # new - old position
-        front = layer._k.front(idx.shape[-1])  # its rows were taken: free to write
-        with layer._k.writing() if front is not None else nullcontext():
-            layer.keys = self.moved(keys, delta, start, out=front)
+        layer.keys_from(idx.shape[-1], lambda out: self.moved(keys, delta, start, out=out))
 
     def merged(self, keys, idx, bucket, pos, start: int, end: int | None) -> torch.Tensor:
         """All the layer's keys, each moved to where its bucket (`bucket`, (B, g, n)) will sit."""
@@ -160,7 +157,7 @@ class MultimodalRoPE:
         from .buffer import KVBuffer
 
         self.layer = layer
-        self._base = KVBuffer(layer.cache.static)
+        self._base = KVBuffer(layer.setup.static)
         self.end = 0
 
     base = property(lambda self: self._base.get(), lambda self, value: self._base.set(value))
@@ -194,7 +191,7 @@ class MultimodalRoPE:
                              "through StreamSession (positions=)")
         base, self.end = incoming
         rows = 1 if self.base is None else self.base.shape[1]
-        self._base.append(base.expand(self.layer._k.get().shape[0], rows, new))
+        self._base.append(base.expand(self.layer.keys.shape[0], rows, new))
 
     def closed_up(self, idx: torch.Tensor, end: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """The kept tokens' (old, new) unit bases, their units closed up to end at `end` (None: each row's first
@@ -208,7 +205,7 @@ class MultimodalRoPE:
 
     def keep(self, keys, idx, start, end) -> None:
         old, new = self.closed_up(idx, end)
-        self.layer.keys = rerotate(keys, new - old, self.layer.cache.inv_freq)
+        self.layer.keys = rerotate(keys, new - old, self.layer.setup.inv_freq)
 
     def merged(self, keys, idx, bucket, pos, start, end) -> torch.Tensor:
         """Each member moves as its anchor's unit does."""
@@ -217,7 +214,7 @@ class MultimodalRoPE:
         _, new = self.closed_up(idx, end)
         rows = new.shape[1]
         moved = new.gather(-1, bucket.expand(b, rows, n)) - base.expand(b, rows, n)
-        return rerotate(keys, moved, self.layer.cache.inv_freq)
+        return rerotate(keys, moved, self.layer.setup.inv_freq)
 
     def shift(self, start, end) -> None:
         """Moved by end - self.end positions (stored from `start`, which the layer sets)."""
@@ -225,7 +222,7 @@ class MultimodalRoPE:
         if end is not None and end != self.end:
             n = layer.get_seq_length()
             layer.keys = rerotate(layer.keys, torch.full((1, 1, n), end - self.end, device=layer.keys.device),
-                                  layer.cache.inv_freq)
+                                  layer.setup.inv_freq)
             self.base, self.end = self.base + (end - self.end), end
 
     def extent(self, idx: torch.Tensor | None) -> int:

@@ -84,9 +84,10 @@ class RowsLayer(CacheLayerMixin):
         """Nothing to allocate: each row's own layer holds its keys."""
 
     def update(self, key_states, value_states, *args, **kwargs):
-        self.state.kv = [cache.layers[self.index].update(key_states[:, :, start:start + n],
-                                                         value_states[:, :, start:start + n])
-                         for cache, n, start in zip(self.caches, self.state.lengths, self.state.starts, strict=True)]
+        state = self.state
+        state.kv = [cache.layers[self.index].update(key_states[:, :, start:start + n],
+                                                    value_states[:, :, start:start + n], own)
+                    for cache, n, start, own in zip(self.caches, state.lengths, state.starts, state.rows, strict=True)]
         return key_states, value_states  # the attention function reads the rows' own keys from `state.kv`
 
     def get_seq_length(self) -> int:
@@ -131,6 +132,26 @@ def forward_rows(model, rows: list[Row], device=None) -> torch.Tensor:
                 row.cache.rollback(mark)
             raise
     return out.logits[0]
+
+
+def forward_apart(model, rows: list[Row]) -> list:
+    """Each row's last logits (1, V), or the error its forward raised: all rows in one forward, and row by row if
+    that one fails, so one session's fault stays its own (a failed forward leaves every cache as it was)."""
+    if not rows:
+        return []
+    try:
+        logits = forward_rows(model, rows)
+        return [logits[r:r + 1] for r in range(len(rows))]
+    except Exception as err:  # noqa: BLE001 (handed to the sessions)
+        if len(rows) == 1:
+            return [err]
+    results = []
+    for row in rows:
+        try:
+            results.append(forward_rows(model, [row]))
+        except Exception as err:  # noqa: BLE001 (this row's fault, handed to its session)
+            results.append(err)
+    return results
 
 
 def _positions(row: Row, fwd, device) -> torch.Tensor:

@@ -5,39 +5,23 @@ turn boundary; `generate` streams an answer token by token without evicting (exc
 that evict while decoding). The answer's last token is held back and prefixed to the next turn.
 """
 
-import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 
 import torch
 
+from . import probes
 from . import recall as recall_
+from .answer import Answer, Exchange, Sampling, TurnStats
 from .attention import measured_clock
-from .cache import ProbeDone, StreamingCache
+from .cache import StreamingCache
 from .compiled import compiled_decode
-from .decoding import HandOver, eos_set, pick
+from .decoding import HandOver
 from .positions import TurnPositions
-from .rope import rerotate
 from .rows import Row
 from .spec import PolicySpec, Recall, as_spec
 from .store import SpanStore
-
-
-@dataclass
-class TurnStats:
-    prefill_s: float = 0.0
-    evict_s: float = 0.0
-    decode_s: float = 0.0
-    decoded: int = 0
-    recall_s: float = 0.0  # probe forward + scoring + linking, before the question's prefill
-
-    @property
-    def tokens_per_s(self) -> float:
-        """Decode speed, the one definition (engine, app, benchmarks): the first answer token comes from the
-        question's prefill, whose time is the time to first token, so `decoded` tokens took `decoded - 1`
-        decode steps. 0.0 when there was none."""
-        return (self.decoded - 1) / self.decode_s if self.decoded > 1 and self.decode_s > 0 else 0.0
 
 
 @dataclass
@@ -50,22 +34,6 @@ class Question:
     forget_at: list | None
     evict: bool
     recompute: tuple | None = None  # (rows of the linked block, their input embeddings) its forward recomputes
-
-
-@dataclass
-class Exchange:
-    """A question and its answer as the cache took them, so a restart can put them back where they were: the
-    question turn's number among the session's turns (a stored clip's span id is its turn number too), its ids
-    (without the held-back token of the answer before), the answer's tokens as handed over (the last one held back
-    for the next turn), and whether they stay in the cache (keep=False: they leave at the next turn)."""
-
-    turn: int
-    question: list[int]
-    answer: list[int] = field(default_factory=list)
-    kept: bool = True
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 class StreamSession:
@@ -174,7 +142,7 @@ class StreamSession:
             embedded = kwargs.pop("inputs_embeds", None)
             embedded = self.model.get_input_embeddings()(turn.tokens) if embedded is None else embedded
             kwargs = {"inputs_embeds": torch.cat([inputs.to(self.device, embedded.dtype)[None], embedded], dim=1),
-                      **self._selective(rows, turn.length)}
+                      **probes.selective(self, rows, turn.length)}
         kwargs["logits_to_keep"] = 0 if all_logits else 1  # 0: every position
         t0 = self._clock()
         marks = self.cache.mark()
@@ -198,7 +166,7 @@ class StreamSession:
                  positions: TurnPositions | None = None) -> Row:
         """The turn as the cache takes it: the held-back answer token in front, and what its forward is told."""
         held = int(self._pending is not None)
-        input_ids, inputs_embeds = self._with_pending(input_ids, inputs_embeds)
+        input_ids, inputs_embeds = self.with_pending(input_ids, inputs_embeds)
         tokens = input_ids if input_ids is not None else inputs_embeds
         return Row(self.cache, tokens, {"turn": self.turns, "positions": positions, "held": held,
                                         "vision_end": None if vision is None else vision[1] + held})
@@ -225,7 +193,7 @@ class StreamSession:
         """A prefill's kernels are not timed as the eviction after it."""
         return measured_clock(self.cache.timing, self.device, self.clock)
 
-    def _with_pending(self, input_ids, inputs_embeds):
+    def with_pending(self, input_ids, inputs_embeds):
         """The turn with the held-back last answer token in front of it."""
         if self._pending is None:
             return input_ids, inputs_embeds
@@ -267,47 +235,11 @@ class StreamSession:
             keys = None  # ranking by keys: only for a question the caller did not resolve
             probe = self.recall.mode == "attention" and len(resident) < len(self.store)
             if probe and not (named and self.recall.named):
-                keys = self._question_keys(probe_ids if probe_ids is not None else input_ids)
+                keys = probes.question_keys(self, probe_ids if probe_ids is not None else input_ids)
             chosen = recall_.choose(self.store, resident, self.recall, keys, named, oracle)
             linked = recall_.link(self.cache, self.store, chosen, self.recall.at)
-        recompute = self._to_recompute(linked) if linked and self.recall.reuse != "full" else None
+        recompute = probes.to_recompute(self, linked) if linked and self.recall.reuse != "full" else None
         return Question(linked, self.clock() - t0, None if keep else self.cache.mark(), keep and not linked, recompute)
-
-    # --- recomputing linked turns with the question (MPIC's selective attention) ------------------------
-
-    def _to_recompute(self, linked: list[int]) -> tuple | None:
-        """The rows of the just linked block the question's forward recomputes, and their inputs (None: none)."""
-        rows, inputs = recall_.recompute_rows(self.store, linked, self.recall)
-        if rows.numel() and self.recall.reuse == "blend":
-            rows, inputs = recall_.most_deviating(rows, inputs, self._deviation(rows, inputs), self.recall.blend_r)
-        return (rows, inputs) if rows.numel() else None
-
-    def _selective(self, rows: torch.Tensor, new: int) -> dict:
-        """Position ids and mask of a forward whose first tokens are the linked block's `rows` (at the end of the
-        cache) and then `new` tokens after the cache: each token sees every position up to its own, so a
-        recomputed token sees the cache before the block and the block up to itself (stored or recomputed)."""
-        end, linked = self.cache.get_seq_length(), self.cache.layers[0].linked[1]
-        at = torch.cat([end - linked + rows, torch.arange(end, end + new)]).to(self.device)
-        mask = torch.arange(end + new, device=self.device)[None, :] <= at[:, None]
-        return {"position_ids": at[None], "attention_mask": mask[None, None]}
-
-    def _deviation(self, rows: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
-        """CacheBlend's measure: how far each row's K/V moves when recomputed in its new context, at the second
-        layer (CacheBlend picks its tokens there, its first layer recomputed for every token). A probe: the
-        cache is left as it was."""
-        until = min(2, len(self.cache.layers))
-        x = inputs.to(self.device, self.model.dtype)[None]
-        with self.cache.forward(len(rows), probe_until=until, device=self.device) as fwd:
-            fwd.rewrite, fwd.observers = rows.to(self.device), []
-            with contextlib.suppress(ProbeDone):
-                self.model(inputs_embeds=x, **self._selective(rows, 0), **fwd.kwargs, past_key_values=self.cache,
-                           use_cache=True)
-            layer = self.cache.layers[until - 1]
-            k, v = fwd.fresh[until - 1]
-        at = layer.linked[0] + rows.to(self.device)
-        moved = (k - layer.keys[:, :, at]).float().square().sum(dim=(1, 3)) \
-            + (v - layer.values[:, :, at]).float().square().sum(dim=(1, 3))
-        return moved[0]
 
     @torch.inference_mode()
     def prefill_recomputing(self, question: Question, input_ids: torch.Tensor, all_logits: bool = False):
@@ -361,25 +293,6 @@ class StreamSession:
         self._logits, self.exchange = None, None
         return restored
 
-    def _question_keys(self, probe_ids: torch.Tensor) -> list[torch.Tensor]:
-        """The question's keys in the scoring layers, RoPE removed: a probe forward that runs only up to
-        the last of them and leaves the cache as it was."""
-        layers = recall_.scoring_layers(self.recall, len(self.cache.layers))
-        marks = self.cache.mark()
-        ids, _ = self._with_pending(probe_ids.to(self.device), None)
-        with self.cache.forward(ids.shape[1], probe_until=layers[-1] + 1, batch=self.batch, device=self.device) as fwd:
-            try:
-                with contextlib.suppress(ProbeDone):  # raised once the last scoring layer has run
-                    self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, **fwd.kwargs)
-                keys = []
-                for i in layers:
-                    layer = self.cache.layers[i]
-                    k = layer.keys[0, :, marks[i][0]:]
-                    keys.append(rerotate(k, -layer.positions(marks[i][0]), self.cache.inv_freq))
-                return keys
-            finally:
-                self.cache.rollback(marks)
-
     def append_text(self, text: str, **kwargs) -> torch.Tensor:
         ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
         return self.append(ids.expand(self.batch, -1), **kwargs)
@@ -393,21 +306,12 @@ class StreamSession:
         which closes a paused one), the last token it received is held back, pending for the next
         turn, and the logits are spent: the next answer never continues from a stale state.
         `last.decode_s` counts the model's time, not the consumer's."""
-        if self._logits is None:
-            raise ValueError("append a turn before generating")
-        eos = eos_set(eos_token_id if eos_token_id is not None else self.model.generation_config.eos_token_id)
-        logits, done = self._logits, torch.zeros(self.batch, dtype=torch.bool, device=self.device)
-        self._logits = None
-        eos_ids = torch.tensor(sorted(eos), dtype=torch.long, device=self.device)
-        filler = min(eos, default=0)  # what finished rows emit while others continue
-        self.last.decode_s = 0.0
-        self._decoding = self._decode(logits, done, eos_ids, filler, max_new_tokens, do_sample, temperature,
-                                      top_p, generator)
+        answer = Answer.begin(self, max_new_tokens, Sampling(do_sample, temperature, top_p, generator), eos_token_id)
+        self._decoding = self._decode(answer)
         return self._decoding
 
     @torch.inference_mode()
-    def _decode(self, logits, done, eos_ids, filler, max_new_tokens, do_sample, temperature, top_p, generator):
-        token = None
+    def _decode(self, answer: Answer):
         # what makes a step plain is fixed for an answer (a new turn ends it): checked once, not per token
         compiled = self._compiled if self._compiled is not None and self._compiled.why_not(self.cache) is None \
             else None
@@ -416,22 +320,17 @@ class StreamSession:
         ahead = None  # the logits of the step launched for the token in the consumer's hands, not yet committed
         try:
             t0 = self._clock()
-            for step in range(max_new_tokens):
-                token = pick(logits, do_sample, temperature, top_p, generator)
-                token = torch.where(done, token.new_full(token.shape, filler), token)
-                done |= torch.isin(token, eos_ids)
-                last = step == max_new_tokens - 1
-                hand_over.send(token, done)
-                if run_ahead and not last:
+            while answer.steps < answer.max_new_tokens:  # none at all when asked for none
+                token = answer.apply(answer.sampling.pick(answer.logits))
+                hand_over.send(token, answer.done)
+                if run_ahead and answer.steps + 1 < answer.max_new_tokens:
                     ahead = compiled.launch(self.cache, token)  # dropped if the answer ends at this token
-                handed, finished = hand_over.receive()
-                self.last.decoded = step + 1
+                handed, all_done = hand_over.receive()
+                finished = answer.handed(handed, all_done)
                 self.last.decode_s += self.clock() - t0  # the token is ready: its steps have run
-                if self.exchange is not None:
-                    self.exchange.answer.append(int(handed[0]))
                 yield handed
                 t0 = self.clock()  # the consumer's time is not the model's
-                if finished or last:
+                if finished:
                     break
                 if ahead is not None:
                     compiled.commit(self.cache)
@@ -444,13 +343,22 @@ class StreamSession:
                         out = self.model(input_ids=token[:, None], past_key_values=self.cache, use_cache=True,
                                          **fwd.kwargs)
                     logits = out.logits[:, -1]
-                token = None  # in the cache now
-                self.seen += 1
-                self.cache.step()
+                answer.advanced(logits)
         finally:
             self._decoding = None
-            if token is not None:
-                self._pending = token[:, None]  # received, not yet in the cache (a step launched for it is dropped)
+            answer.hold_back()  # received, not yet in the cache (a step launched for it is dropped)
+
+    def take_logits(self) -> torch.Tensor:
+        """The last turn's logits, which an answer starts from: spent once taken, so no answer continues from a
+        stale state."""
+        if self._logits is None:
+            raise ValueError("append a turn before generating")
+        logits, self._logits = self._logits, None
+        return logits
+
+    def hold(self, token: torch.Tensor | None) -> None:
+        """An answer's last token handed over, (B, 1), not in the cache: it opens the next turn (None: nothing)."""
+        self._pending = token
 
     def discard_pending(self) -> None:
         """Drop the held-back last answer token; the tokens decoded before it stay in the cache."""

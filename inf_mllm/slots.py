@@ -51,7 +51,7 @@ class SlotArena:
 
     def holds(self, s: int) -> bool:
         cache = self.holders[s]
-        return cache is not None and all(layer._k.buf is k and layer._v.buf is v
+        return cache is not None and all(layer.buffers()[0] is k and layer.buffers()[1] is v
                                          for layer, (k, v) in zip(cache.layers, self._views[s], strict=True))
 
     def bind(self, cache) -> int | None:
@@ -71,8 +71,7 @@ class SlotArena:
             return None
         s = free[0]
         for layer, (k, v) in zip(cache.layers, self._views[s], strict=True):
-            layer._k.adopt(k)
-            layer._v.adopt(v)
+            layer.adopt(k, v)
         self.holders[s] = cache
         return s
 
@@ -82,8 +81,7 @@ class SlotArena:
         if s is None:
             return
         for layer in cache.layers:
-            layer._k.adopt(layer._k.buf.clone())
-            layer._v.adopt(layer._v.buf.clone())
+            layer.adopt(*(buf.clone() for buf in layer.buffers()))
         self.holders[s] = None
 
     def _allocate(self, buffers) -> None:

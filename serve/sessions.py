@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from inf_mllm.pool import PoolFull
+from inf_mllm.admission import PoolFull
 from streaming.errors import ConfigError
 from streaming.hosted import BadInput, HostedSession, Settings
 from streaming.memory import trim_heap

@@ -106,7 +106,8 @@ def run_streams(args, sources, questions, spec, adapter, out, folders=None, sett
     """Every (label, source) through its own engine on one pool, each with its session folder if `folders` (resumed,
     or new: `settings[i]` saved in stream i's); returns the exit status (0, or EXIT_BAD_INPUT when a stream ended on
     an error)."""
-    from inf_mllm.pool import PoolFull, SessionPool
+    from inf_mllm.admission import PoolFull
+    from inf_mllm.pool import SessionPool
 
     from .budgets import open_session
     from .engine import TurnEngine
@@ -141,7 +142,7 @@ def run_streams(args, sources, questions, spec, adapter, out, folders=None, sett
                 folder.save_settings(settings[i - 1])
             engines.append((i, label, engine, pooled, source, Schedule(asked), folder))
         print(f"stream-qa: {len(engines)} streams on one {type(adapter).__name__} (budget {args.budget} tokens a "
-              f"layer each; {pool.kv_bytes / MB:.0f} MB for their caches)", file=sys.stderr)
+              f"layer each; {pool.admission.kv_bytes / MB:.0f} MB for their caches)", file=sys.stderr)
 
         def play(i, label, engine, session, source, schedule, folder):
             tag = f"[stream {i} {label}]"

@@ -248,3 +248,33 @@ def test_an_inf_mllm_decode_step_runs_the_same_operators_as_streaming_llms(smol)
         ops.append(_decode_ops(session))
     assert sum(ops[0].values()) > 4 * model.config.num_hidden_layers  # the profile saw the steps
     assert ops[0] == ops[1]
+
+
+@pytest.mark.parametrize("policy", ["inf_mllm+recall", "h2o", "elastic"])
+def test_a_released_cache_frees_its_buffers_without_the_garbage_collector(smol, policy, tmp_path):
+    """No layer sits in a reference cycle (it knows a `LayerSetup`, not its cache; its positions and statistics
+    know it weakly): once its session is closed, every K/V and statistics buffer is freed by reference counting
+    alone, with the collector off, after turns, an answer, an eviction and (recall) a linked block."""
+    import gc
+    import weakref
+
+    model, tok = smol
+    session = StreamSession(model, tok, policy, budget=96, store=str(tmp_path / "store") if "recall" in policy
+                            else None)
+    for seed in range(3):
+        session.append(torch.randint(100, 20000, (1, 70), generator=torch.Generator().manual_seed(seed)))
+    session.append_question(torch.randint(100, 20000, (1, 8)), named=lambda meta: True)  # every stored turn named
+    list(session.generate(3, eos_token_id=[]))
+    assert session.store is None or session.cache.layers[0].linked  # recall: the question linked stored turns
+    layers = session.cache.layers
+    held = [weakref.ref(t) for layer in layers for t in (*layer.buffers(), *layer.stats.values())]
+    held += [weakref.ref(layer) for layer in layers]
+    del layers
+    assert all(ref() is not None for ref in held)
+    gc.disable()
+    try:
+        session.cache.release()
+        alive = sum(ref() is not None for ref in held)
+    finally:
+        gc.enable()
+    assert alive == 0, f"{alive} of {len(held)} layers or buffers still alive after release"

@@ -75,13 +75,13 @@ class Fed:
         self.cache = StreamingCache(policy, [budget] * layers, torch.tensor(inv_freq, dtype=torch.float32), layers)
 
     def forward(self, i, q, k, v, decoding=False):
-        with self.cache.forward(k.shape[1], decoding=decoding):  # the seam a session opens around each forward
-            self._forward(self.cache.layers[i], q, k, v)
+        with self.cache.forward(k.shape[1], decoding=decoding) as fwd:  # the seam a session opens around each forward
+            self._forward(self.cache.layers[i], fwd, q, k, v)
 
     @staticmethod
-    def _forward(layer, q, k, v):
-        layer.update(torch.tensor(k, dtype=torch.float32)[None], torch.tensor(v, dtype=torch.float32)[None])
-        l = layer.window_len(q.shape[1])
+    def _forward(layer, fwd, q, k, v):
+        layer.update(torch.tensor(k, dtype=torch.float32)[None], torch.tensor(v, dtype=torch.float32)[None], fwd)
+        l = layer.window_len(q.shape[1], fwd)
         if l == 0:
             return
         keys = layer.keys  # (1, Hkv, n, D)

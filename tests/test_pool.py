@@ -7,7 +7,8 @@ import threading
 import pytest
 import torch
 
-from inf_mllm.pool import PoolFull, SessionPool
+from inf_mllm.admission import PoolFull
+from inf_mllm.pool import SessionPool
 from inf_mllm.rows import Row, forward_rows
 from inf_mllm.session import StreamSession
 
@@ -253,7 +254,7 @@ def test_a_fault_in_one_streams_cache_leaves_the_others_answering(smol):
 def test_a_stream_that_would_not_fit_is_refused_in_one_line(smol):
     model, tok = smol
     probe = SessionPool(model, tok)
-    bound = probe.bound(probe.open("inf_mllm", budget=128, headroom=32).session)
+    bound = probe.admission.bound(probe.open("inf_mllm", budget=128, headroom=32).session)
     probe.close()
     pool = SessionPool(model, tok, kv_bytes=int(bound * 2.5), max_streams=3)
     try:
@@ -264,7 +265,7 @@ def test_a_stream_that_would_not_fit_is_refused_in_one_line(smol):
         assert "\n" not in str(refused.value)
         with pytest.raises(PoolFull, match="unbounded cache"):
             pool.open("full")
-        pool.unbounded = True  # the app's comparison: admitted, counted at nothing
+        pool.admission.unbounded = True  # the app's comparison: admitted, counted at nothing
         pool.open("full").close()
         small = pool.open("inf_mllm", budget=64)  # a smaller bound still fits
         small.close()

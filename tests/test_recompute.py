@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from inf_mllm import StreamSession
+from inf_mllm import StreamSession, probes
 from inf_mllm import recall as recall_
 from inf_mllm.pool import SessionPool
 from inf_mllm.spec import PolicySpec
@@ -104,7 +104,7 @@ def test_cacheblend_probe_leaves_the_cache_as_it_was_and_keeps_its_share(vlm, fr
     linked = recall_.link(session.cache, session.store, [1], "end")
     before = layer_kv(session)
     rows, inputs = recall_.recompute_rows(session.store, linked, session.recall)
-    deviation = session._deviation(rows, inputs)
+    deviation = probes.deviation(session, rows, inputs)
     for (k, v), (k2, v2) in zip(before, layer_kv(session), strict=True):
         assert torch.equal(k, k2) and torch.equal(v, v2)
     assert deviation.shape == rows.shape and (deviation > 0).all()
