@@ -39,7 +39,7 @@ from models.tiny_vlm.model import TinyVLM
 from models.tiny_vlm.perception import DEFAULT, PERSON_THRESHOLD, PRESETS, Perceiver, clothing
 from models.tiny_vlm.scenes import _video_path, frames_at, video_shape
 
-from .common import pyplot, record, write
+from .common import machine, pyplot, record, write
 from .real_scenes import PHOTOS, article, clip_frames, photo
 
 ANNOTATIONS = Path(__file__).parent / "data" / "annotations.json"
@@ -267,7 +267,7 @@ def run(args):
             print(f"answers with {preset}: " + ", ".join(f"{k} {v:.3f}" for k, v in answers[preset]["scores"].items()))
     path = write(args.out, "perception", records, [])
     path.with_name("perception_rows.json").write_text(json.dumps(
-        {"base_ms_per_frame": base, "phases": PHASES[:1] if args.quick else PHASES,
+        {"machine": machine(), "base_ms_per_frame": base, "phases": PHASES[:1] if args.quick else PHASES,
          "options": {p: {"config": vars(PRESETS[p]), **d} for p, d in details.items()}, "answers": answers},
         indent=None))
     plot(path.with_suffix(".png"), details, things)

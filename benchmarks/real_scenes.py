@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from .common import print_table, record, write
+from .common import machine, print_table, record, write
 
 FRAMES = 4  # frames per clip: zoom 1.0, 0.9, 0.8, 0.7 into the centre
 SIZE = 256
@@ -251,8 +251,9 @@ def run(args):
           f"perception {vlm.perception})")
     print_table(records, ["accuracy"])
     path = write(args.out, "real_scenes", records, [])
-    path.with_name("real_scenes_answers.json").write_text(json.dumps(rows, indent=1))
-    path.with_name("real_scenes_pairs.json").write_text(json.dumps(pair_rows, indent=1))
+    where = machine()
+    path.with_name("real_scenes_answers.json").write_text(json.dumps({"machine": where, "answers": rows}, indent=1))
+    path.with_name("real_scenes_pairs.json").write_text(json.dumps({"machine": where, "pairs": pair_rows}, indent=1))
 
 
 def main(argv=None) -> int:
