@@ -141,7 +141,8 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def run(args) -> int:
+def check_soak_args(args) -> None:
+    """Every number a soak takes, checked (one line each) before the model loads."""
     if (args.rounds is None) == (args.duration is None):
         raise ConfigError("give exactly one of --rounds N or --duration TIME")
     if args.rounds is not None and args.rounds < 2:
@@ -164,6 +165,10 @@ def run(args) -> int:
         raise ConfigError(f"--streams must be at least 1, got {args.streams}")
     if args.streams > 1 and args.compare_full:
         raise ConfigError("--compare-full runs beside one stream: leave out --streams")
+
+
+def run(args) -> int:
+    check_soak_args(args)
     duration = parse_duration(args.duration) if args.duration else None
     video = Path(args.video) if args.video else bundled_clip("bikes.mp4")
     FileSource(video, fps=args.fps)  # a bad file fails here, before the model loads
@@ -181,32 +186,8 @@ def run(args) -> int:
     log_path = out / f"{args.name}.jsonl"
     runs, verdicts = [], []
     with open(log_path, "w") as log:
-        plan = [(args.policy, budget, None, policy_options(args.policy, budget, args.window, args.bias))]
-        if args.compare_full:
-            per_token = _bytes_per_token(adapter)
-            tokens = budget if isinstance(budget, int) else None
-            if tokens is None:
-                raise ConfigError("--compare-full needs --budget in tokens")
-            plan.append(("full", None, args.compare_full * tokens * per_token, {}))
-        for policy, b, cap, options in plan:
-            many = f"{args.streams} streams of " if args.streams > 1 else ""
-            print(f"soak: {many}{policy}{' (capped)' if cap else ''} on {video.name}, "
-                  f"{args.rounds or ''}{' rounds' if args.rounds else args.duration}…", file=sys.stderr)
-            bar = tqdm(total=args.rounds * args.streams if args.rounds else None, unit="clip", file=sys.stderr,
-                       desc="soak" if args.streams == 1 else f"soak, {args.streams} streams", disable=None)
-
-            def step(clip, bar=bar):  # each clip turn of any stream
-                bar.update(1)
-
-            try:
-                if args.streams > 1:
-                    done = soak_streams(adapter, video, policy, b, args.rounds, duration, args, log, options,
-                                        args.streams, on_clip=step)
-                else:
-                    done = [soak_one(adapter, video, policy, b, args.rounds, duration, args, log, cap, options,
-                                     on_clip=step)]
-            finally:
-                bar.close()
+        for policy, b, cap, options in _plan(args, adapter, budget):
+            done = _soak_policy(args, adapter, video, policy, b, cap, options, duration, log)
             for r in done:
                 v = verdict(r, args)
                 print(describe(v), flush=True)
@@ -222,6 +203,39 @@ def run(args) -> int:
     print(f"soak: {out / args.name}.json, .png, _verdict.json and {log_path.name} written", file=sys.stderr)
     main = [v for v in verdicts if v["passed"] is not None]  # every stream's; the capped comparison is not judged
     return 0 if main and all(v["passed"] for v in main) else 1
+
+
+def _plan(args, adapter, budget) -> list[tuple]:
+    """(policy, budget, memory cap, options) of each run: the soaked policy, then the capped full cache compared."""
+    plan = [(args.policy, budget, None, policy_options(args.policy, budget, args.window, args.bias))]
+    if args.compare_full:
+        per_token = _bytes_per_token(adapter)
+        tokens = budget if isinstance(budget, int) else None
+        if tokens is None:
+            raise ConfigError("--compare-full needs --budget in tokens")
+        plan.append(("full", None, args.compare_full * tokens * per_token, {}))
+    return plan
+
+
+def _soak_policy(args, adapter, video, policy, budget, cap, options, duration, log) -> list[dict]:
+    """One policy's soak (one stream, or `--streams` of them on one pool) under a progress bar of clips."""
+    many = f"{args.streams} streams of " if args.streams > 1 else ""
+    print(f"soak: {many}{policy}{' (capped)' if cap else ''} on {video.name}, "
+          f"{args.rounds or ''}{' rounds' if args.rounds else args.duration}…", file=sys.stderr)
+    bar = tqdm(total=args.rounds * args.streams if args.rounds else None, unit="clip", file=sys.stderr,
+               desc="soak" if args.streams == 1 else f"soak, {args.streams} streams", disable=None)
+
+    def step(clip):  # each clip turn of any stream
+        bar.update(1)
+
+    try:
+        if args.streams > 1:
+            return soak_streams(adapter, video, policy, budget, args.rounds, duration, args, log, options,
+                                args.streams, on_clip=step)
+        return [soak_one(adapter, video, policy, budget, args.rounds, duration, args, log, cap, options,
+                         on_clip=step)]
+    finally:
+        bar.close()
 
 
 def _bytes_per_token(adapter) -> int:

@@ -6,7 +6,6 @@ flushing every answer already given.
 """
 
 import argparse
-import json
 import sys
 import warnings
 
@@ -34,7 +33,7 @@ from .errors import (
     environment_fault,
     is_user_error,
 )
-from .provenance import notes
+from .lines import clip_line, print_answer, print_clip
 from .questions import (
     Question,
     QuestionError,
@@ -51,7 +50,6 @@ from .stdin import StdinQuestions
 from .streams import (
     SOURCE_KEYS,
     check_several,
-    clip_record,
     open_folders,
     open_sources,
     run_streams,
@@ -235,8 +233,7 @@ def _run(args, out) -> int:
     args.video, args.webcam, args.url = (args.video or [None])[0], (args.webcam or [None])[0], (args.url or [None])[0]
     folder = open_session_dir(args)
     check_args(args)
-    name, *path = args.model
-    if len(path) > 1:
+    if len(args.model) > 2:
         raise UsageError("--model takes a name and at most one path")
     default_run = args.video is None and args.webcam is None and args.url is None
     video = bundled_clip() if default_run else args.video
@@ -251,55 +248,55 @@ def _run(args, out) -> int:
     else:
         qs, use_stdin = questions_from(args, duration * args.loop if duration else None)
         check_times(qs, duration * args.loop if duration else None)
-
     spec = policy_spec(args, folder)
     args.policy = spec.name  # what a session folder records (+recall included)
+    said = video or args.url or f"webcam {args.webcam}"
     if args.server:
         from .remote import run_remote
 
         if use_stdin:
             raise UsageError("--server takes its questions from --ask, --questions or --every, not stdin")
-        print(f"stream-qa: {video or args.url or f'webcam {args.webcam}'}; on {args.server}", file=sys.stderr)
+        print(f"stream-qa: {said}; on {args.server}", file=sys.stderr)
         return run_remote(args, source, qs, out, lambda answer: print_answer(args, out, answer, None))
-    # torch and transformers load here, once everything the user gave is known to be good
+    return _run_here(args, out, source, said, spec, folder, (qs, use_stdin), soak, str(video) if video else None)
+
+
+def _run_here(args, out, source, said: str, spec: PolicySpec, folder, questions: tuple, soak, video) -> int:
+    """One stream on this machine: the model loads (torch and transformers, once the input is known good), the
+    session opens (or resumes from its folder), and its engine runs the source (or the soak)."""
     from models import ADAPTERS, load_adapter
 
     from .engine import TurnEngine  # lazy: imports torch
 
+    name, *path = args.model
     if name not in ADAPTERS:
         raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
     check_device(args.device)
-    print(f"stream-qa: {video or args.url or f'webcam {args.webcam}'}; loading {name}…", file=sys.stderr)
+    print(f"stream-qa: {said}; loading {name}…", file=sys.stderr)
     adapter = load_adapter(name, path[0] if path else None, device=args.device)
     adapter.detect = args.detect
     if getattr(source, "frame_size", None):  # token counts (the budget's floor) from the real frames
         adapter.expect_frames(*source.frame_size)
     session = load_session(args, spec, adapter, folder)
-    resume_at = (0, 0.0)
+    resume_at, (qs, use_stdin) = (0, 0.0), questions
     if folder is not None and args.resume:
         resume_at, qs, line = folder.resume_into(session, qs)  # earlier questions: asked now unless answered
         print(f"stream-qa: {line}", file=sys.stderr)
     elif folder is not None:
-        folder.save_settings({k: getattr(args, k) for k in SESSION_SETTINGS} | {"video": str(video) if video else None})
-    if soak:
-        schedule = soak_schedule(args)
-    else:
-        schedule = StdinQuestions(Schedule(qs)) if use_stdin else Schedule(qs)
+        folder.save_settings({k: getattr(args, k) for k in SESSION_SETTINGS} | {"video": video})
+    schedule = soak_schedule(args) if soak else StdinQuestions(Schedule(qs)) if use_stdin else Schedule(qs)
     engine = TurnEngine(adapter, session, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
                         drop_when_full=source.live)  # a camera or a paced file cannot wait
     engine.resume_at, engine.video_t = resume_at, resume_at[1]
+    return _stream(args, out, engine, source, schedule, soak, folder)
+
+
+def _stream(args, out, engine, source, schedule, soak, folder) -> int:
+    """The engine's run, its clips and answers printed (and kept in the session folder) as they come."""
+    session = engine.session
 
     def on_clip(clip):
-        from models.detector import plural  # here: torch has loaded by now
-
-        t = engine.telemetry
-        seen = clip.encoded.meta.get("objects")
-        print(f"[{clip.end:7.1f}s] clip {clip.index:4d} | kv {session.kv_tokens} tok "
-              f"{session.kv_bytes / 2**20:.1f} MB | ingest {t.ingest_speed:.1f}x real time"
-              + (f" | dropped {t.dropped}" if t.dropped else "")
-              + (f" | sees {', '.join(f'{n} {plural(w) if n > 1 else w}' for w, n in seen.items()) or 'nothing'}"
-                 if seen is not None else ""),
-              file=sys.stderr)
+        print(clip_line(clip, session, engine.telemetry), file=sys.stderr)
         if args.json and args.clips:
             print_clip(out, engine.log[-1])
         if folder is not None:
@@ -325,23 +322,6 @@ def _run(args, out) -> int:
         if folder is not None:
             folder.close(session.store)
     return 0
-
-
-def print_clip(out, meta: dict) -> None:
-    """A clip's record line (--json --clips): its times, words and detections."""
-    out.write(json.dumps(clip_record(meta)) + "\n")
-    out.flush()
-
-
-def print_answer(args, out, answer, folder) -> None:
-    """An answer's record line (--json), or the line after its streamed text; kept in a session folder."""
-    if folder is not None:
-        folder.write_answer(answer)
-    if args.json:
-        out.write(json.dumps(answer.as_dict()) + "\n")
-    else:
-        out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens; {notes(answer)})\n")
-    out.flush()
 
 
 def check_remote(args, folder, soak) -> None:

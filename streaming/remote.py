@@ -183,85 +183,96 @@ def run_remote(args, source, questions, out, say) -> int:
     one answer's lines (the CLI's own printer); returns the exit status."""
     import os
 
-    from .engine import Answer
-
     client = Client(args.server, token=os.environ.get("STREAM_QA_TOKEN"))
     name, *_ = args.model
     session = client.open(model=name, policy=args.policy, budget=str(args.budget), bias=args.bias,
                           window=args.window, fps=args.fps, clip_seconds=args.clip_seconds,
                           max_new_tokens=args.max_new_tokens)
-    pushed_t, done, failed = [-1.0], threading.Event(), []
-    moved = threading.Condition()
-
-    def push_all():
-        try:
-            for frame in source:
-                session.push(encoded(frame.rgb, "PNG"), frame.t)  # lossless: the answers stream-qa gives here
-                with moved:
-                    pushed_t[0] = frame.t
-                    moved.notify_all()
-        except BaseException as err:  # said on the main thread
-            failed.append(err)
-        finally:
-            with moved:
-                done.set()
-                moved.notify_all()
-            if not failed:  # the server still answers questions asked after the end, about what it saw
-                try:
-                    session.end()
-                except RemoteError as err:
-                    failed.append(err)
-
-    pusher = threading.Thread(target=push_all, name="push", daemon=True)
+    run = _RemoteRun(session, args.fps)
+    pusher = threading.Thread(target=run.push_all, args=(source,), name="push", daemon=True)
+    submitter = threading.Thread(target=run.submit_all, args=(questions,), name="ask", daemon=True)
     pusher.start()
-    streams: list = []  # (question, its events) in the order asked, then None
-    added = threading.Condition()
-
-    def submit_all():
-        try:
-            for q in sorted(questions, key=lambda q: -1.0 if q.at is None else q.at):
-                with moved:  # asked once the pushed video reaches its time, as stream-qa asks it
-                    moved.wait_for(lambda q=q: done.is_set() or q.at is None or pushed_t[0] >= q.at)
-                if failed:
-                    break
-                with moved:  # timed past the video's end: asked at its end, where stream-qa answers it
-                    end = pushed_t[0] + 1.0 / args.fps  # the last clip's end (its last frame stands for 1/fps)
-                    at = min(q.at, end) if done.is_set() and q.at is not None and pushed_t[0] >= 0 else q.at
-                events = session.events(q.text, at)
-                with added:
-                    streams.append((q, events))
-                    added.notify_all()
-        except BaseException as err:
-            failed.append(err)
-        finally:
-            with added:
-                streams.append(None)
-                added.notify_all()
-
-    submitter = threading.Thread(target=submit_all, name="ask", daemon=True)
     submitter.start()
     try:
-        for i in range(len(questions) + 1):
-            with added:
-                added.wait_for(lambda i=i: len(streams) > i)
-                item = streams[i]
-            if item is None:
-                break
-            q, events = item
-            for event, data in events:
-                if event == "start" and not args.json:
-                    out.write(f"[{data['video_t']:7.1f}s] Q: {q.text}\n{'':11}A: ")
-                elif event == "token" and not args.json:
-                    out.write(data["text"])
-                elif event == "answer":
-                    say(Answer(**data))
-                out.flush()
+        run.print_all(len(questions), out, say, args.json)
         pusher.join()
-        if failed:
-            raise failed[0]
+        if run.failed:
+            raise run.failed[0]
     finally:
-        done.set()
+        run.done.set()
         with contextlib.suppress(RemoteError):  # gone with the server: the run's own outcome is what is said
             session.close()
         client.close()
     return 0
+
+
+class _RemoteRun:
+    """Three threads of one `--server` run: frames pushed (`push_all`), questions asked as the pushed video reaches
+    their times (`submit_all`), answers printed in the order asked (`print_all`, the caller's thread)."""
+
+    def __init__(self, session, fps: float):
+        self.session, self.fps = session, fps
+        self.pushed_t, self.done, self.failed = -1.0, threading.Event(), []
+        self.moved = threading.Condition()  # the pushed video moved on (or ended)
+        self.streams: list = []  # (question, its events) in the order asked, then None
+        self.added = threading.Condition()
+
+    def push_all(self, source) -> None:
+        try:
+            for frame in source:
+                self.session.push(encoded(frame.rgb, "PNG"), frame.t)  # lossless: the answers stream-qa gives here
+                with self.moved:
+                    self.pushed_t = frame.t
+                    self.moved.notify_all()
+        except BaseException as err:  # said on the main thread
+            self.failed.append(err)
+        finally:
+            with self.moved:
+                self.done.set()
+                self.moved.notify_all()
+            if not self.failed:  # the server still answers questions asked after the end, about what it saw
+                try:
+                    self.session.end()
+                except RemoteError as err:
+                    self.failed.append(err)
+
+    def submit_all(self, questions) -> None:
+        try:
+            for q in sorted(questions, key=lambda q: -1.0 if q.at is None else q.at):
+                with self.moved:  # asked once the pushed video reaches its time, as stream-qa asks it
+                    self.moved.wait_for(lambda q=q: self.done.is_set() or q.at is None or self.pushed_t >= q.at)
+                if self.failed:
+                    break
+                with self.moved:  # timed past the video's end: asked at its end, where stream-qa answers it
+                    end = self.pushed_t + 1.0 / self.fps  # the last clip's end (its last frame stands for 1/fps)
+                    ended = self.done.is_set() and q.at is not None and self.pushed_t >= 0
+                    at = min(q.at, end) if ended else q.at
+                events = self.session.events(q.text, at)
+                with self.added:
+                    self.streams.append((q, events))
+                    self.added.notify_all()
+        except BaseException as err:
+            self.failed.append(err)
+        finally:
+            with self.added:
+                self.streams.append(None)
+                self.added.notify_all()
+
+    def print_all(self, asked: int, out, say, json_lines: bool) -> None:
+        from .engine import Answer
+
+        for i in range(asked + 1):
+            with self.added:
+                self.added.wait_for(lambda i=i: len(self.streams) > i)
+                item = self.streams[i]
+            if item is None:
+                break
+            q, events = item
+            for event, data in events:
+                if event == "start" and not json_lines:
+                    out.write(f"[{data['video_t']:7.1f}s] Q: {q.text}\n{'':11}A: ")
+                elif event == "token" and not json_lines:
+                    out.write(data["text"])
+                elif event == "answer":
+                    say(Answer(**data))
+                out.flush()

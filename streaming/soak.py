@@ -146,8 +146,15 @@ def run_soak(engine, session, source, schedule, log, *, rounds: int | None, dura
     except KeyboardInterrupt as stop:
         stopped, stop_signal = "interrupted", getattr(stop, "signum", None)  # None: Ctrl-C
     sample(force=True)
-    elapsed = time.monotonic() - start
     oom_after = oom_kills()
+    killed = oom_before is not None and oom_after is not None and oom_after > oom_before
+    oom = ([oom_event] if oom_event else []) + ([f"kernel oom_kill count +{oom_after - oom_before}"] if killed else [])
+    return _result(label, state, engine, session, schedule, time.monotonic() - start, stopped, stop_signal, oom)
+
+
+def _result(label: str, state: dict, engine, session, schedule, elapsed: float, stopped, stop_signal,
+            oom: list) -> dict:
+    """What a soak run returns: its rounds, answers (and how many it owed), peak KV, samples and how it ended."""
     n_rounds = state["round"]
     every = getattr(schedule, "k", 0)
     # a question at k·K clips is asked before clip k·K + 1 goes in, so R rounds owe floor((R-1)/K) answers
@@ -158,11 +165,7 @@ def run_soak(engine, session, source, schedule, log, *, rounds: int | None, dura
             "elapsed_s": elapsed, "s_per_round": elapsed / n_rounds if n_rounds else float("nan"),
             "answers": state["answers"], "empty_answers": state["empty"], "expected_answers": expected,
             "peak_kv_tokens": state["peak_kv"], "samples": state["samples"], "stopped": stopped,
-            "stop_signal": stop_signal,
-            "oom_events": ([oom_event] if oom_event else [])
-            + ([f"kernel oom_kill count +{oom_after - oom_before}"] if oom_before is not None
-               and oom_after is not None and oom_after > oom_before else []),
-            "turn_tokens": adapter.turn_tokens(),
+            "stop_signal": stop_signal, "oom_events": oom, "turn_tokens": adapter.turn_tokens(),
             "question_tokens": adapter.question_tokens(getattr(schedule, "text", QUESTION))}
 
 

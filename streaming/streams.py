@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .budgets import compiles_decode, headroom
 from .errors import EXIT_BAD_INPUT, ConfigError, UsageError, is_user_error
+from .lines import clip_line, clip_record
 from .memory import MB, auto_budget
 from .provenance import notes
 from .session_dir import SETTINGS, SessionDir
@@ -97,103 +98,105 @@ def open_sources(args, sources) -> list:
             for label, where in sources]
 
 
-def clip_record(meta: dict) -> dict:
-    """What `--json --clips` prints of a clip: its times, words and the detector's objects and boxes."""
-    return {k: meta[k] for k in ("clip", "start", "end", "seen", "objects", "boxes") if k in meta}
-
-
 def run_streams(args, sources, questions, spec, adapter, out, folders=None, settings=None) -> int:
     """Every (label, source) through its own engine on one pool, each with its session folder if `folders` (resumed,
     or new: `settings[i]` saved in stream i's); returns the exit status (0, or EXIT_BAD_INPUT when a stream ended on
     an error)."""
-    from inf_mllm.admission import PoolFull
     from inf_mllm.pool import SessionPool
 
-    from .budgets import open_session
-    from .engine import TurnEngine
-    from .questions import Schedule
     free = auto_budget(None, args.device)
     # the streams' decode steps on fixed shapes (slots.py): on a GPU one CUDA graph; run as is elsewhere, where they
     # beat eager rows when every stream answers (benchmarks streams)
     compiled = compiles_decode(args.device, args.compile_decode)
     pool = SessionPool(adapter.model, adapter.tokenizer, kv_bytes=max(0, free.free_bytes - free.reserve_bytes),
                        slots=len(sources), compile_decode=compiled)
-    lock = threading.Lock()
-    engines, failed = [], []
     folders = folders or [None] * len(sources)
     try:
-        for i, ((label, source), folder) in enumerate(zip(sources, folders, strict=True), start=1):
-            own = adapter.fork()
-            extra = {"store": folder.open_store()} if folder is not None else {}
-            try:
-                pooled = pool.open(make=lambda own=own, extra=extra: open_session(
-                    own, spec, args.budget, args.max_new_tokens, args.device, **extra)[0],
-                    headroom=headroom(own, args.max_new_tokens))
-            except PoolFull as err:
-                raise ConfigError(f"stream {i} ({label}): {err} ({free.explain()})") from None
-            engine = TurnEngine(own, pooled, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
-                                drop_when_full=source.live)
-            asked = list(questions)
-            if folder is not None and args.resume:
-                engine.resume_at, asked, line = folder.resume_into(pooled, asked)
-                engine.video_t = engine.resume_at[1]
-                print(f"stream-qa: stream {i} ({label}): {line}", file=sys.stderr)
-            elif folder is not None:
-                folder.save_settings(settings[i - 1])
-            engines.append((i, label, engine, pooled, source, Schedule(asked), folder))
-        print(f"stream-qa: {len(engines)} streams on one {type(adapter).__name__} (budget {args.budget} tokens a "
+        streams = [_open_stream(args, pool, i, label, source, folder, spec, adapter, questions, free, settings)
+                   for i, ((label, source), folder) in enumerate(zip(sources, folders, strict=True), start=1)]
+        print(f"stream-qa: {len(streams)} streams on one {type(adapter).__name__} (budget {args.budget} tokens a "
               f"layer each; {pool.admission.kv_bytes / MB:.0f} MB for their caches)", file=sys.stderr)
-
-        def play(i, label, engine, session, source, schedule, folder):
-            tag = f"[stream {i} {label}]"
-
-            def on_clip(clip):
-                t = engine.telemetry
-                with lock:
-                    print(f"{tag} [{clip.end:7.1f}s] clip {clip.index:4d} | kv {session.kv_tokens} tok "
-                          f"{session.kv_bytes / MB:.1f} MB | ingest {t.ingest_speed:.1f}x real time"
-                          + (f" | dropped {t.dropped}" if t.dropped else ""), file=sys.stderr)
-                    if folder is not None:
-                        folder.write_clip(engine.log[-1])
-                    if args.json and getattr(args, "clips", False):
-                        out.write(json.dumps({"stream": i, "input": label, **clip_record(engine.log[-1])}) + "\n")
-
-            try:
-                for answer in engine.run(source, schedule, on_clip):
-                    with lock:
-                        if folder is not None:  # kept before it is printed: a crash loses nothing printed
-                            folder.write_answer(answer)
-                        if args.json:
-                            out.write(json.dumps({"stream": i, "input": label} | answer.as_dict()) + "\n")
-                        else:
-                            out.write(f"{tag} [{answer.video_t:7.1f}s] Q: {answer.question}\n{tag} {'':9}A: "
-                                      f"{answer.answer}\n{tag} {'':9}({answer.ttft_s:.2f} s to first token, "
-                                      f"{answer.kv_tokens} KV tokens; {notes(answer)})\n")
-                        out.flush()
-            except Exception as err:  # one stream's end: the others go on
-                failed.append(i)
-                kind = "" if is_user_error(err) else f"{type(err).__name__}: "
-                with lock:
-                    print(f"stream-qa: stream {i} ({label}) ended: {kind}{str(err).strip().splitlines()[0]}",
-                          file=sys.stderr)
-
-        threads = [threading.Thread(target=play, args=item, name=f"stream-{item[0]}", daemon=True)
-                   for item in engines]
-        for thread in threads:
-            thread.start()
-        try:
-            for thread in threads:
-                while thread.is_alive():
-                    thread.join(timeout=0.2)  # Ctrl-C reaches the main thread between joins
-        except KeyboardInterrupt:
-            for _, _, engine, *_ in engines:
-                engine.close()
-            for thread in threads:
-                thread.join(timeout=10)
-            raise
+        lock, failed = threading.Lock(), []
+        threads = [threading.Thread(target=_play, args=(args, out, lock, failed, *stream), name=f"stream-{stream[0]}",
+                                    daemon=True) for stream in streams]
+        _join(threads, [stream[2] for stream in streams])
     finally:
         pool.close()
         for folder in folders:
             if folder is not None:
                 folder.close(folder.store)
     return EXIT_BAD_INPUT if failed else 0
+
+
+def _open_stream(args, pool, i, label, source, folder, spec, adapter, questions, free, settings) -> tuple:
+    """Stream i's session (its own adapter, admitted to the pool or refused in one line), engine and schedule."""
+    from inf_mllm.admission import PoolFull
+
+    from .budgets import open_session
+    from .engine import TurnEngine
+    from .questions import Schedule
+
+    own = adapter.fork()
+    extra = {"store": folder.open_store()} if folder is not None else {}
+    try:
+        pooled = pool.open(make=lambda: open_session(own, spec, args.budget, args.max_new_tokens, args.device,
+                                                     **extra)[0], headroom=headroom(own, args.max_new_tokens))
+    except PoolFull as err:
+        raise ConfigError(f"stream {i} ({label}): {err} ({free.explain()})") from None
+    engine = TurnEngine(own, pooled, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
+                        drop_when_full=source.live)
+    asked = list(questions)
+    if folder is not None and args.resume:
+        engine.resume_at, asked, line = folder.resume_into(pooled, asked)
+        engine.video_t = engine.resume_at[1]
+        print(f"stream-qa: stream {i} ({label}): {line}", file=sys.stderr)
+    elif folder is not None:
+        folder.save_settings(settings[i - 1])
+    return i, label, engine, pooled, source, Schedule(asked), folder
+
+
+def _play(args, out, lock, failed: list, i, label, engine, session, source, schedule, folder) -> None:
+    """One stream's run on its own thread: its lines tagged with it, under the lock; an error ends it alone."""
+    tag = f"[stream {i} {label}]"
+
+    def on_clip(clip):
+        with lock:
+            print(f"{tag} {clip_line(clip, session, engine.telemetry, objects=False)}", file=sys.stderr)
+            if folder is not None:
+                folder.write_clip(engine.log[-1])
+            if args.json and getattr(args, "clips", False):
+                out.write(json.dumps({"stream": i, "input": label, **clip_record(engine.log[-1])}) + "\n")
+
+    try:
+        for answer in engine.run(source, schedule, on_clip):
+            with lock:
+                if folder is not None:  # kept before it is printed: a crash loses nothing printed
+                    folder.write_answer(answer)
+                if args.json:
+                    out.write(json.dumps({"stream": i, "input": label} | answer.as_dict()) + "\n")
+                else:
+                    out.write(f"{tag} [{answer.video_t:7.1f}s] Q: {answer.question}\n{tag} {'':9}A: "
+                              f"{answer.answer}\n{tag} {'':9}({answer.ttft_s:.2f} s to first token, "
+                              f"{answer.kv_tokens} KV tokens; {notes(answer)})\n")
+                out.flush()
+    except Exception as err:  # one stream's end: the others go on
+        failed.append(i)
+        kind = "" if is_user_error(err) else f"{type(err).__name__}: "
+        with lock:
+            print(f"stream-qa: stream {i} ({label}) ended: {kind}{str(err).strip().splitlines()[0]}", file=sys.stderr)
+
+
+def _join(threads: list, engines: list) -> None:
+    """Run the streams' threads to their end; Ctrl-C (which reaches the main thread between joins) stops them all."""
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=0.2)
+    except KeyboardInterrupt:
+        for engine in engines:
+            engine.close()
+        for thread in threads:
+            thread.join(timeout=10)
+        raise

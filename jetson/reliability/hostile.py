@@ -378,9 +378,22 @@ def image(kind: str, mode: str = "RGB", w: int = 64, h: int = 48, **save) -> byt
 
 
 def rows(Row, pushed_then) -> list:
-    """The hostile rows (`Row` and the frame helper come from `server.py`, which adds these to its table)."""
+    """The hostile rows (`Row` and the frame helper come from `server.py`, which adds these to its table), in the
+    order of the committed results."""
     return [
-        # server-side request forgery: nothing reaches a refused place, whichever field or hop leads there
+        *_forgery(Row), *_requests(Row), *_frames(Row, pushed_then),
+        # fairness: one client's waiting questions are its own
+        Row("far-future questions past a session's limit, while another asks", 0,
+            lambda ctx: far_future(ctx, ctx.limits["max_session_questions"])),
+        *_forgery_forms(Row), *_forgery_hops(Row), *_requests_more(Row), *_frames_more(Row, pushed_then),
+        # fairness: a wait that cannot end says so
+        Row("a question waiting for a time the stream never reaches", 0, ends_waiting),
+    ]
+
+
+def _forgery(Row) -> list:
+    """Server-side request forgery: nothing reaches a refused place, whichever field or hop leads there."""
+    return [
         Row("URL to a loopback listener", 0, ssrf("INSIDE")),
         Row("URL to localhost by name", 0, ssrf("http://localhost:9")),
         Row("URL to [::1]", 0, ssrf("http://[::1]:9")),
@@ -399,7 +412,12 @@ def rows(Row, pushed_then) -> list:
         Row("URL with a port past 65535", 400, lambda ctx: _open_url(ctx, "http://8.8.8.8:99999/x")),
         Row("URL of 3000 characters", 422, lambda ctx: _open_url(ctx, "http://a.example/" + "x" * 3000)),
         Row("data: URL", 400, lambda ctx: _open_url(ctx, "data:video/mp4;base64,AAAA")),
-        # requests: unknown fields, numbers that are no numbers, sizes
+    ]
+
+
+def _requests(Row) -> list:
+    """Requests: unknown fields, numbers that are no numbers, sizes."""
+    return [
         Row("misspelt field 'bugdet'", 422, lambda ctx: ctx.http.post("/v1/sessions", json={"bugdet": "256"})),
         Row("misspelt field 'fsp'", 422, lambda ctx: ctx.http.post("/v1/sessions", json={"fsp": 2})),
         Row("misspelt source field", 422, lambda ctx: ctx.http.post("/v1/sessions", json={"source": {"fiel": "x"}})),
@@ -417,7 +435,12 @@ def rows(Row, pushed_then) -> list:
         Row("JSON body of 2 MB, chunked", 413, big_json(2 * 2**20, chunked=True)),
         Row("200 headers", 431, many_headers(200)),
         Row("a 200 KB header", 0, huge_header),
-        # frames: what they announce is checked before a pixel is decoded
+    ]
+
+
+def _frames(Row, pushed_then) -> list:
+    """Frames: what they announce is checked before a pixel is decoded."""
+    return [
         Row("PNG announcing 20000x20000", 413, lambda ctx: pushed_then(ctx, png_announcing(20000, 20000), 0.0,
                                                                        "image/png")),
         Row("PNG announcing 65500x65500", 413, lambda ctx: pushed_then(ctx, png_announcing(65500, 65500), 0.0,
@@ -427,10 +450,12 @@ def rows(Row, pushed_then) -> list:
         Row("PNG of 1x2000", 422, lambda ctx: pushed_then(ctx, strip(1, 2000), 0.0, "image/png")),
         Row("PNG of 2000x1", 422, lambda ctx: pushed_then(ctx, strip(2000, 1), 0.0, "image/png")),
         Row("frames of two sizes in one clip", 0, two_sizes),
-        # fairness: one client's waiting questions are its own
-        Row("far-future questions past a session's limit, while another asks", 0,
-            lambda ctx: far_future(ctx, ctx.limits["max_session_questions"])),
-        # more ways to name a refused place: number forms of 127.0.0.2, every non-public range, other schemes
+    ]
+
+
+def _forgery_forms(Row) -> list:
+    """More ways to name a refused place: number forms of 127.0.0.2, every non-public range, other schemes."""
+    return [
         Row("URL to 127.0.0.2 as one decimal number", 0, ssrf("http://2130706434:PORT")),
         Row("URL to 127.0.0.2 in hexadecimal", 0, ssrf("http://0x7f000002:PORT")),
         Row("URL to 127.0.0.2 in octal", 0, ssrf("http://0177.0.0.2:PORT")),
@@ -452,7 +477,12 @@ def rows(Row, pushed_then) -> list:
             ("hls+http://", "hls+http://127.0.0.2/x.m3u8"), ("async:", "async:http://127.0.0.2/x"),
             ("pipe:", "pipe:0"), ("crypto+http://", "crypto+http://127.0.0.2/x"), ("srt://", "srt://127.0.0.2:9000"),
             ("scheme-less path", "/etc/passwd"))],
-        # more ways to lead there from an allowed host
+    ]
+
+
+def _forgery_hops(Row) -> list:
+    """More ways to lead there from an allowed host."""
+    return [
         Row("URL redirected (307) to a loopback listener", 0, ssrf("INSIDE", via="redirect 307")),
         Row("URL redirected (308) to a loopback listener", 0, ssrf("INSIDE", via="redirect 308")),
         Row("URL redirected twice, then to a loopback listener", 0, ssrf("INSIDE", via="redirect chain")),
@@ -469,7 +499,12 @@ def rows(Row, pushed_then) -> list:
         Row("DASH manifest whose BaseURL is a loopback listener", 0, ssrf("INSIDE", "/", via="dash")),
         Row("HLS segment that redirects to a loopback listener", 0, ssrf_later("segment redirect")),
         Row("live HLS playlist naming a loopback listener on reload", 0, ssrf_later("reload")),
-        # requests: more numbers and shapes
+    ]
+
+
+def _requests_more(Row) -> list:
+    """Requests: more numbers and shapes."""
+    return [
         Row("bias 1e308", 400, raw_json("/s", '{"policy": "inf_mllm", "bias": 1e308}')),
         Row("window negative", 422, lambda ctx: ctx.http.post("/v1/sessions", json={"window": -1})),
         Row("max new tokens 3.5", 422, lambda ctx: ctx.http.post("/v1/sessions", json={"max_new_tokens": 3.5})),
@@ -482,7 +517,12 @@ def rows(Row, pushed_then) -> list:
         Row("JSON nested 10000 deep", (400, 422), raw_json("/s", "[" * 10000 + "]" * 10000)),
         Row("JSON nested 30000 deep", (400, 422), raw_json("/s", "[" * 30000 + "]" * 30000)),
         Row("a request line of 100 KB", 0, long_request_line),
-        # frames: what cameras send is taken, in bounded time; what they do not is refused before decoding
+    ]
+
+
+def _frames_more(Row, pushed_then) -> list:
+    """Frames: what cameras send is taken, in bounded time; what they do not is refused before decoding."""
+    return [
         Row("PNG announcing 8193x1000 (a side past 8192)", 413, lambda ctx: pushed_then(
             ctx, png_announcing(8193, 1000), 0.0, "image/png")),
         Row("PNG of 900x100 (9:1)", 422, lambda ctx: pushed_then(ctx, strip(900, 100), 0.0, "image/png")),
@@ -501,6 +541,4 @@ def rows(Row, pushed_then) -> list:
         Row("BMP frame", 415, lambda ctx: pushed_then(ctx, image("BMP"), 0.0, "image/png")),
         Row("TIFF frame", 415, lambda ctx: pushed_then(ctx, image("TIFF"), 0.0, "image/png")),
         Row("48 PNGs decoding to 7.3 MB each in one clip", 0, decoded_flood),
-        # fairness: a wait that cannot end says so
-        Row("a question waiting for a time the stream never reaches", 0, ends_waiting),
     ]

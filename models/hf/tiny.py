@@ -167,10 +167,28 @@ def build(family: str, seed: int = 0, layers: int = 8):
                                image_token_id=tok.convert_tokens_to_ids("<image>"), scale_factor=2)
         model = SmolVLMForConditionalGeneration(config)
         eos = tok.convert_tokens_to_ids("<end_of_utterance>")
-    elif family in ("qwen2_vl", "qwen2_5_vl"):
-        names = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
-                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
-        ids = {key: tok.convert_tokens_to_ids(token) for key, token in names.items()}
+    elif family == "llava_next_video":
+        config = LlavaNextVideoConfig(
+            text_config=text_config(LlamaConfig, len(tok), layers), vision_config=CLIPVisionConfig(**vision).to_dict(),
+            image_token_index=tok.convert_tokens_to_ids("<image>"),
+            video_token_index=tok.convert_tokens_to_ids("<video>"),
+            vision_feature_layer=-1, vision_feature_select_strategy="default", spatial_pool_stride=2)
+        model = LlavaNextVideoForConditionalGeneration(config)
+        eos = tok.eos_token_id
+    elif family.startswith("qwen"):
+        model, eos = _qwen(family, tok, layers)
+    else:
+        raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILY_NAMES)}")
+    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos)
+    return model.eval(), tok
+
+
+def _qwen(family: str, tok, layers: int):
+    """(model, eos) of a tiny Qwen2-VL, Qwen2.5-VL or Qwen3-VL (multimodal RoPE)."""
+    names = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+             "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+    ids = {key: tok.convert_tokens_to_ids(token) for key, token in names.items()}
+    if family in ("qwen2_vl", "qwen2_5_vl"):
         # head_dim 16: 8 rotary frequencies split 2 / 3 / 3 over the time, height and width axes
         rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}
         text = text_config(Qwen2Config, len(tok), layers, rope_parameters=rope)
@@ -185,18 +203,7 @@ def build(family: str, seed: int = 0, layers: int = 8):
                 Qwen2_5_VLForConditionalGeneration
         model = cls(config)
         eos = tok.convert_tokens_to_ids("<|im_end|>")
-    elif family == "llava_next_video":
-        config = LlavaNextVideoConfig(
-            text_config=text_config(LlamaConfig, len(tok), layers), vision_config=CLIPVisionConfig(**vision).to_dict(),
-            image_token_index=tok.convert_tokens_to_ids("<image>"),
-            video_token_index=tok.convert_tokens_to_ids("<video>"),
-            vision_feature_layer=-1, vision_feature_select_strategy="default", spatial_pool_stride=2)
-        model = LlavaNextVideoForConditionalGeneration(config)
-        eos = tok.eos_token_id
     elif family == "qwen3_vl":
-        names = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
-                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
-        ids = {key: tok.convert_tokens_to_ids(token) for key, token in names.items()}
         # interleaved multimodal RoPE over 8 rotary frequencies; DeepStack: the vision tower's layers 0 and 1 feed
         # features into the language model's first two layers
         text = text_config(Qwen3VLTextConfig, len(tok), layers, head_dim=16,
@@ -209,8 +216,7 @@ def build(family: str, seed: int = 0, layers: int = 8):
         eos = tok.convert_tokens_to_ids("<|im_end|>")
     else:
         raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILY_NAMES)}")
-    model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=eos)
-    return model.eval(), tok
+    return model, eos
 
 
 def save(family: str, folder: str | Path, seed: int = 0, layers: int = 8) -> Path:

@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -179,14 +180,15 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
         vlm.projector.load_state_dict(projector)
         cfg.data["init_sha256"] = hashlib.sha256(start_file.read_bytes()).hexdigest()
     train_feats = features("train")
-    by_image = group_by_image(questions("train"))
-    yes_no = YesNoQuestions(questions("train"))
-    scenes = cfg.labels != "none"
-    if scenes:
-        image_labels = easy_labels("train")
-        frame_feats, frame_labels = scene_frames("train", cfg.scene_frames)
-        mix = SceneMix(**cfg.scenes)
-    builder = EpisodeBuilder(vlm, train_feats | frame_feats if scenes else train_feats)
+    data = SimpleNamespace(by_image=group_by_image(questions("train")), yes_no=YesNoQuestions(questions("train")),
+                           scenes=cfg.labels != "none")
+    frame_feats = {}
+    if data.scenes:
+        data.image_labels = easy_labels("train")
+        frame_feats, data.frame_labels = scene_frames("train", cfg.scene_frames)
+        data.mix = SceneMix(**cfg.scenes)
+    builder = EpisodeBuilder(vlm, train_feats | frame_feats if data.scenes else train_feats)
+    yes_no = data.yes_no
     vlm.model.requires_grad_(False)
     vlm.projector.train()
     t0 = time.perf_counter()
@@ -194,13 +196,8 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
     if cfg.snap_to_vocabulary and cfg.caption_steps:
         caption = CaptionLoss(vlm, train_feats, yes_no.labels)
         caption_loss = None if start is not None else caption_stage(vlm, caption, cfg, rng)
-    peft_model = add_lora(vlm.model, cfg)
-    if start is not None:
-        set_lora(peft_model, start)
+    peft_model, lora_params, optim = _trainable(vlm, cfg, start)
     llm = peft_model.base_model.model.model  # the LlamaModel with LoRA layers inside
-    lora_params = [p for n, p in peft_model.named_parameters() if "lora_" in n]
-    optim = torch.optim.AdamW([{"params": vlm.projector.parameters(), "lr": cfg.lr},
-                               {"params": lora_params, "lr": cfg.lora_lr}], weight_decay=0.0)
     base_lrs = [g["lr"] for g in optim.param_groups]
     losses, step_times = [], []
     with tqdm(range(cfg.steps), desc="training tiny-vlm", unit="step") as bar:
@@ -209,18 +206,7 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
             scale = min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
             for group, lr in zip(optim.param_groups, base_lrs, strict=True):
                 group["lr"] = lr * scale
-            episodes = []
-            for _ in range(cfg.batch):
-                k = rng.choice(cfg.clips)
-                ask = dict(asks_per_clip=cfg.single_image_asks if k == 1 else rng.choice(cfg.asks_per_clip),
-                           final_asks=cfg.final_asks, max_first=cfg.max_first_clip, type_weights=cfg.type_weights,
-                           yes_no=yes_no if cfg.balanced_yes_no else None)
-                if scenes:
-                    episodes.append(sample_scene_episode(rng, by_image, image_labels, frame_labels, k, mix,
-                                                         more=vlm.perception.more_words, fit=vlm.fit_labels,
-                                                         tenses=cfg.tenses, **ask))
-                else:
-                    episodes.append(sample_episode(rng, by_image, k, **ask))
+            episodes = [_episode(cfg, rng, vlm, data) for _ in range(cfg.batch)]
             with torch.autocast(vlm.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
                 loss = loss_on(vlm, llm, builder, episodes, cfg.rows_per_pass)
                 if caption and cfg.caption_weight:
@@ -234,7 +220,36 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
             losses.append(float(loss))
             step_times.append(time.perf_counter() - t_step)
             bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
-    train_s = time.perf_counter() - t0
+    _save(out, cfg, vlm, peft_model, losses, step_times, caption_loss, time.perf_counter() - t0)
+    return evaluate_folder(out, eval_n, str(vlm.device), cfg.scene_frames)
+
+
+def _trainable(vlm, cfg: TrainConfig, start: dict | None) -> tuple:
+    """LoRA added to the language model (from `start`'s tensors when given); the optimiser of it and the projector."""
+    peft_model = add_lora(vlm.model, cfg)
+    if start is not None:
+        set_lora(peft_model, start)
+    lora_params = [p for n, p in peft_model.named_parameters() if "lora_" in n]
+    optim = torch.optim.AdamW([{"params": vlm.projector.parameters(), "lr": cfg.lr},
+                               {"params": lora_params, "lr": cfg.lora_lr}], weight_decay=0.0)
+    return peft_model, lora_params, optim
+
+
+def _episode(cfg: TrainConfig, rng: random.Random, vlm, data: SimpleNamespace):
+    """One training episode of k clips: plain easy-VQA images, or (with labels) scenes mixed in."""
+    k = rng.choice(cfg.clips)
+    ask = dict(asks_per_clip=cfg.single_image_asks if k == 1 else rng.choice(cfg.asks_per_clip),
+               final_asks=cfg.final_asks, max_first=cfg.max_first_clip, type_weights=cfg.type_weights,
+               yes_no=data.yes_no if cfg.balanced_yes_no else None)
+    if data.scenes:
+        return sample_scene_episode(rng, data.by_image, data.image_labels, data.frame_labels, k, data.mix,
+                                    more=vlm.perception.more_words, fit=vlm.fit_labels, tenses=cfg.tenses, **ask)
+    return sample_episode(rng, data.by_image, k, **ask)
+
+
+def _save(out: Path, cfg: TrainConfig, vlm, peft_model, losses: list, step_times: list, caption_loss,
+          train_s: float) -> None:
+    """The trained projector and LoRA tensors (safetensors) and the run's config with its figures."""
     step_s = sorted(step_times)[len(step_times) // 2] if step_times else None
     tensors = {f"projector.{k}": v.detach().clone().contiguous() for k, v in vlm.projector.state_dict().items()}
     tensors.update(lora_tensors(peft_model))
@@ -245,7 +260,6 @@ def train(cfg: TrainConfig, out: Path, eval_n: int = 300, device: str = "cpu") -
                             "median_step_seconds": step_s, "device": str(vlm.device),
                             "torch_threads": torch.get_num_threads()}
     (out / "config.json").write_text(json.dumps(config, indent=1))
-    return evaluate_folder(out, eval_n, str(vlm.device), cfg.scene_frames)
 
 
 def evaluate_folder(out: Path, eval_n: int, device: str = "cpu", frames: int = 64) -> dict:

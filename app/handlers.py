@@ -1,0 +1,186 @@
+"""What the page's events do: start a session from the chosen source and settings (a changed setting restarts it),
+ask and stream the answer, tick (plots, notices, the detector's view), take the browser camera's frames, and let a
+session go when its tab closes or idles. One `Handlers` per page (`ui.build`), holding its open chats."""
+
+import json
+import tempfile
+import uuid
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+
+from streaming.provenance import notes
+from streaming.sources import CaptureSource, SourceError, bundled_clip
+
+from .chat import BadInput, Chat, Settings
+from .sources import BrowserCamera, PlaybackSource
+from .views import numbers, say, series, sighted, sighted_label
+
+VIDEO_TYPES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi"}
+MAX_QUESTION = 2000
+TRANSCRIPTS = Path(tempfile.gettempdir()) / "inf_mllm_app"
+
+
+def check_upload(path: str | None, max_mb: float) -> Path:
+    """Type and size, from the name and the first bytes, before anything decodes the file."""
+    if not path:
+        raise BadInput("choose a video file to upload first")
+    p = Path(path)
+    name = p.name
+    if p.suffix.lower() not in VIDEO_TYPES:
+        raise BadInput(f"{name} is not a video (accepted: {', '.join(sorted(VIDEO_TYPES))})")
+    size = p.stat().st_size
+    if size == 0:
+        raise BadInput(f"{name} is empty (0 bytes)")
+    if size > max_mb * 2**20:
+        raise BadInput(f"{name} is {size / 2**20:.1f} MB; the limit is {max_mb:g} MB")
+    head = p.read_bytes()[:16]
+    if not (head[4:8] == b"ftyp" or head[:4] in (b"\x1a\x45\xdf\xa3", b"RIFF") or head[4:8] in (b"moov", b"mdat")):
+        raise BadInput(f"{name} does not start like a video file (mp4, webm, mkv, avi)")
+    return p
+
+
+def number(text, kind, name):
+    """An optional number typed in a box: empty means the policy's default."""
+    text = str(text if text is not None else "").strip()
+    try:
+        return kind(text) if text else None
+    except ValueError:
+        raise BadInput(f"{name} {text!r} is not a{'n integer' if kind is int else ' number'}") from None
+
+
+def write_transcript(chat: Chat) -> str:
+    TRANSCRIPTS.mkdir(exist_ok=True)
+    if not hasattr(chat, "transcript_path"):
+        chat.transcript_path = TRANSCRIPTS / f"transcript-{uuid.uuid4().hex[:12]}.jsonl"
+    chat.transcript_path.write_text("".join(json.dumps(a.as_dict()) + "\n" for a in chat.transcript))
+    return str(chat.transcript_path)
+
+
+def answered(stamp: str, a) -> str:
+    """An answer's chat line: the answer, then its timings, KV size and what was looked up and linked."""
+    return (f"{stamp}{a.answer}\n\n*{a.ttft_s:.2f} s to first token · {a.tokens_per_s:.0f} tokens/s · "
+            f"{a.kv_tokens} KV tokens · {notes(a)}*")
+
+
+class Handlers:
+    """The events' functions of one page; `open_chats` by browser session, so that closing a tab ends its engine
+    at once."""
+
+    def __init__(self, max_upload_mb: float = 200, clock_speed: float = 1.0):
+        self.max_upload_mb, self.clock_speed = max_upload_mb, clock_speed
+        self.open_chats: dict[str, Chat] = {}
+
+    def release(self, chat: Chat | None) -> None:
+        """Idle timeout or a replaced session: stop the engine and drop every reference to its cache."""
+        if chat is not None:
+            chat.close()
+            for key in [k for k, c in self.open_chats.items() if c is chat]:
+                del self.open_chats[key]
+
+    def leave(self, request: gr.Request):
+        """The tab closed: Gradio would keep its state an hour; the engine and its cache go now."""
+        self.release(self.open_chats.get(request.session_hash))
+
+    def source(self, kind, clip, upload, camera, settings: Settings):
+        """(label, make(stop) -> source, the player's video or None) for the chosen source."""
+        if kind in ("Bundled clip", "Upload"):
+            path = bundled_clip(clip) if kind == "Bundled clip" else check_upload(upload, self.max_upload_mb)
+            label = clip if kind == "Bundled clip" else path.name
+            return label, lambda stop: PlaybackSource(path, stop, speed=self.clock_speed), str(path)
+        if kind == "Device camera":
+            index = int(camera or 0)
+            return f"device camera {index}", lambda stop: CaptureSource(index, fps=settings.fps), None
+        if kind == "Browser camera":
+            return "browser camera", lambda stop: BrowserCamera(stop, fps=settings.fps), None
+        raise BadInput(f"unknown source {kind!r}")
+
+    def start(self, chat, history, kind, clip, upload, camera, model, policy, budget, bias, window,
+              request: gr.Request = None):
+        self.release(chat)
+        try:
+            settings = Settings(model, policy, str(budget).strip(), number(bias, float, "bias"),
+                                number(window, int, "window"))
+            settings.spec()
+            label, make, video = self.source(kind, clip, upload, camera, settings)
+            chat = Chat(settings, make, label)
+            if request is not None:
+                self.open_chats[request.session_hash] = chat
+        except (BadInput, SourceError) as err:
+            return None, say(history, f"⚠ {err}"), gr.update(value=None)
+        note = f"New session: {label} · {settings.describe()}. Ask about what has played so far."
+        return chat, say(history, note), gr.update(value=video)
+
+    def restart(self, chat, history, kind, clip, upload, camera, model, policy, budget, bias, window,
+                request: gr.Request = None):
+        """A changed model or cache setting starts a new session (only when one is running)."""
+        if chat is None:
+            return chat, gr.skip(), gr.skip()
+        return self.start(chat, history, kind, clip, upload, camera, model, policy, budget, bias, window, request)
+
+    @staticmethod
+    def refusal(chat, text: str) -> str | None:
+        """Why a question is not asked (one line), or None."""
+        if not text:
+            return "⚠ Type a question first."
+        if len(text) > MAX_QUESTION:
+            return f"⚠ That question is {len(text):,} characters; the limit is {MAX_QUESTION:,}."
+        if chat is None or chat.finished.is_set():
+            why = "the video has ended" if chat else "no video is loaded"
+            return f"⚠ Cannot answer: {why}. Pick a source and press Start."
+        return None
+
+    def ask(self, chat, history, text):
+        text = (text or "").strip()
+        history = say(history, text or "(empty)", "user")
+        refused = self.refusal(chat, text)
+        if refused:
+            yield chat, say(history, refused), gr.skip(), ""
+            return
+        out = chat.ask(text)
+        history = say(history, "…")
+        yield chat, history, gr.skip(), ""
+        shown, stamp = "", ""
+        while True:
+            item = out.get()
+            if item is None:
+                history[-1] = {"role": "assistant", "content": "⚠ The stream ended before this question's turn."}
+                yield chat, history, gr.skip(), gr.skip()
+                return
+            if isinstance(item, tuple):
+                stamp = f"[{item[1]:.1f} s] "
+                continue
+            if isinstance(item, str):
+                shown += item
+                history[-1] = {"role": "assistant", "content": stamp + shown}
+                yield chat, history, gr.skip(), gr.skip()
+                continue
+            history[-1] = {"role": "assistant", "content": answered(stamp, item)}
+            yield chat, history, write_transcript(chat), gr.skip()
+            return
+
+    @staticmethod
+    def tick(video: gr.Video, chat, history, boxes_on):
+        position = getattr(video, "playback_position", None) if video is not None else None
+        if chat is not None and position is not None and isinstance(chat.source, PlaybackSource):
+            chat.source.report(position)
+        # an empty frame would leave the plot blank for good (Gradio 6.31), so no data: no update
+        plots = series(chat) if chat else (gr.skip(),) * 3
+        notices, chat_out = chat.notices if chat else [], gr.skip()
+        if notices:
+            for n in notices:
+                history = say(history, n)
+            notices.clear()
+            chat_out = history
+        clip = getattr(chat, "shown", None)
+        drawn = gr.skip() if boxes_on and clip is getattr(chat, "drawn", False) else \
+            gr.update(value=sighted(chat, boxes_on), label=sighted_label(chat), visible=boxes_on)
+        if chat is not None:
+            chat.drawn = clip if boxes_on else None  # redrawn only when a new clip comes in
+        return *plots, numbers(chat), chat_out, drawn
+
+    @staticmethod
+    def push_frame(frame, chat):
+        if chat is not None and isinstance(chat.source, BrowserCamera) and frame is not None:
+            chat.source.push(np.asarray(frame))
