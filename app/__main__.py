@@ -4,6 +4,7 @@ import argparse
 import os
 
 from streaming.checks import one_line
+from streaming.service import IDLE_CLOSE_S
 
 from .chat import add_checkpoint
 from .ui import launch
@@ -13,7 +14,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m app", description=__doc__)
     p.add_argument("--port", type=int, default=int(os.environ["GRADIO_SERVER_PORT"])
                    if os.environ.get("GRADIO_SERVER_PORT") else None, help="default: Gradio's (7860, or the next free)")
-    p.add_argument("--idle", type=float, default=900, help="seconds without a question before a session is released")
+    p.add_argument("--idle", type=float, default=IDLE_CLOSE_S,
+                   help="seconds without a question before a session is released")
     p.add_argument("--max-upload-mb", type=float, default=200)
     p.add_argument("--clock-speed", type=float, default=1.0,
                    help="video seconds per second when no player reports its position (API clients)")

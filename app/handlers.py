@@ -11,6 +11,7 @@ import gradio as gr
 import numpy as np
 
 from streaming.provenance import notes
+from streaming.questions import MAX_QUESTION_CHARS
 from streaming.sources import CaptureSource, SourceError, bundled_clip
 
 from .chat import BadInput, Chat, Settings
@@ -18,7 +19,6 @@ from .sources import BrowserCamera, PlaybackSource
 from .views import numbers, say, series, sighted, sighted_label
 
 VIDEO_TYPES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi"}
-MAX_QUESTION = 2000
 TRANSCRIPTS = Path(tempfile.gettempdir()) / "inf_mllm_app"
 
 
@@ -124,8 +124,8 @@ class Handlers:
         """Why a question is not asked (one line), or None."""
         if not text:
             return "⚠ Type a question first."
-        if len(text) > MAX_QUESTION:
-            return f"⚠ That question is {len(text):,} characters; the limit is {MAX_QUESTION:,}."
+        if len(text) > MAX_QUESTION_CHARS:
+            return f"⚠ That question is {len(text):,} characters; the limit is {MAX_QUESTION_CHARS:,}."
         if chat is None or chat.finished.is_set():
             why = "the video has ended" if chat else "no video is loaded"
             return f"⚠ Cannot answer: {why}. Pick a source and press Start."

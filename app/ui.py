@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import gradio as gr
 
 from inf_mllm.spec import SCORERS
+from streaming.service import IDLE_CLOSE_S
 from streaming.sources import bundled_clip
 
 from .chat import MODELS
@@ -25,7 +26,7 @@ MODEL_GROUP = "model"
 MODEL_EVENTS = 8  # tabs starting or asking at once; their model work meets in the session pool
 
 
-def build(idle_s: float = 900, max_upload_mb: float = 200, clock_speed: float = 1.0) -> gr.Blocks:
+def build(idle_s: float = IDLE_CLOSE_S, max_upload_mb: float = 200, clock_speed: float = 1.0) -> gr.Blocks:
     handlers = Handlers(max_upload_mb, clock_speed)
     with gr.Blocks(title="Inf-MLLM streaming video chat") as demo:
         chat = gr.State(None, time_to_live=idle_s, delete_callback=handlers.release)

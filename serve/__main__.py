@@ -47,12 +47,16 @@ def main(argv=None) -> int:
     if media is not None and not media.is_dir():
         print(f"python -m serve: --media {args.media}: no such folder", file=sys.stderr)
         return 2
-    for name, value in (("--max-sessions", args.max_sessions), ("--max-questions", args.max_questions),
-                        ("--max-session-questions", args.max_session_questions),
-                        ("--max-upload-mb", args.max_upload_mb), ("--idle", args.idle)):
-        if value <= 0:
-            print(f"python -m serve: {name} must be above 0, got {value:g}", file=sys.stderr)
-            return 2
+    try:
+        config = ServerConfig.parse(dict(
+            media=media, token=args.token or None, max_sessions=args.max_sessions, max_questions=args.max_questions,
+            max_upload_mb=args.max_upload_mb, idle_s=args.idle, sse_batch_ms=args.sse_batch_ms,
+            allow_url_hosts=tuple(args.allow_url_host), allow_private_urls=args.allow_private_urls,
+            max_session_questions=args.max_session_questions, preload=tuple(args.model or ("tiny-vlm",))))
+    except ValueError as err:  # the option's name as the user typed it
+        option = {"idle_s": "idle"}.get(str(err).split()[0], str(err).split()[0]).replace("_", "-")
+        print(f"python -m serve: --{option} {str(err).split(' ', 1)[1]}", file=sys.stderr)
+        return 2
     import uvicorn
 
     from streaming.hosted import add_checkpoint
@@ -71,11 +75,7 @@ def main(argv=None) -> int:
         except OSError as err:
             print(f"python -m serve: --sessions {args.sessions}: {err.strerror}", file=sys.stderr)
             return 2
-    config = ServerConfig(media=media, sessions=sessions, token=args.token or None, max_sessions=args.max_sessions,
-                          max_questions=args.max_questions, max_upload_mb=args.max_upload_mb, idle_s=args.idle,
-                          sse_batch_ms=args.sse_batch_ms, allow_url_hosts=tuple(args.allow_url_host),
-                          allow_private_urls=args.allow_private_urls, max_session_questions=args.max_session_questions,
-                          preload=tuple(args.model or ("tiny-vlm",)) + tuple(offered))
+    config.sessions, config.preload = sessions, config.preload + tuple(offered)
     print(f"python -m serve: loading {', '.join(config.preload)}; then http://{args.host}:{args.port} "
           f"(API docs at /docs)", file=sys.stderr, flush=True)
     # h11 (not httptools): its limit on a request's head is what caps header size (64 KB here)

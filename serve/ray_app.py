@@ -18,7 +18,6 @@ import contextlib
 import math
 import socket
 import time
-from pathlib import Path
 
 from ray import serve
 from ray.serve.request_router import FIFOMixin, MultiplexMixin, RequestRouter
@@ -31,25 +30,7 @@ DEPLOYMENT_ARGS = ("replicas", "max_replicas", "replica_cpus", "downscale_delay_
 
 def server_config(args: dict) -> ServerConfig:
     """A `ServerConfig` from the deployment's arguments (strings as a YAML file or `serve run k=v` gives them)."""
-    known = set(ServerConfig.__dataclass_fields__)
-    unknown = set(args) - known - set(DEPLOYMENT_ARGS)
-    if unknown:
-        raise ValueError(f"unknown server settings: {', '.join(sorted(unknown))}; known: {', '.join(sorted(known))}")
-    out = {}
-    for key, value in args.items():
-        if key in ("media", "sessions"):
-            out[key] = Path(value) if value else None
-        elif key in ("max_sessions", "max_questions", "max_session_questions", "max_headers"):
-            out[key] = int(value)
-        elif key in ("max_upload_mb", "push_wait_s", "idle_s", "sse_batch_ms", "max_json_kb"):
-            out[key] = float(value)
-        elif key in ("preload", "allow_url_hosts"):
-            out[key] = tuple(value.split(",")) if isinstance(value, str) else tuple(value)
-        elif key == "allow_private_urls":
-            out[key] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-        elif key == "token":
-            out[key] = value or None
-    return ServerConfig(**out)
+    return ServerConfig.parse({k: v for k, v in args.items() if k not in DEPLOYMENT_ARGS})
 
 
 class _Held:

@@ -1,6 +1,11 @@
 """What a client may send: the request bodies, each refusing a field it does not know (pydantic, `extra="forbid"`)."""
 
-from pydantic import BaseModel, ConfigDict, Field
+from dataclasses import fields
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from streaming.hosted import Settings
+from streaming.questions import MAX_QUESTION_CHARS
 
 STRICT = ConfigDict(extra="forbid")  # a misspelt field is refused with the known ones, never silently defaulted
 
@@ -13,22 +18,21 @@ class SourceSpec(BaseModel):
     loops: int = Field(1, ge=1, le=1000)
 
 
-class OpenRequest(BaseModel):
-    model_config = STRICT
-    model: str = Field("tiny-vlm", max_length=200)
-    policy: str = Field("inf_mllm+recall", max_length=200, description="as stream-qa --policy")
-    budget: str = Field("256", max_length=32, description="as stream-qa --budget: tokens a layer, or a size: 64MB")
-    bias: float | None = Field(None, allow_inf_nan=False)
-    window: int | None = Field(None, ge=1, le=1_000_000)
-    fps: float = Field(1.0, gt=0, le=30, allow_inf_nan=False)
-    clip_seconds: float = Field(2.0, gt=0, le=600, allow_inf_nan=False)
-    max_new_tokens: int = Field(16, ge=1, le=512)
-    source: SourceSpec | None = Field(None, description="none: the client pushes frames")
+def _from_settings(name: str, **more):
+    """A request model whose fields are `streaming.hosted.Settings`' own (defaults, bounds, descriptions), and
+    `more`."""
+    own = {f.name: (f.type, Field(f.default, **{k: v for k, v in f.metadata.items() if v != ""}))
+           for f in fields(Settings)}
+    return create_model(name, __config__=STRICT, **own, **more)
+
+
+OpenRequest = _from_settings("OpenRequest", source=(SourceSpec | None, Field(
+    None, description="none: the client pushes frames")))
 
 
 class AskRequest(BaseModel):
     model_config = STRICT
-    text: str = Field(min_length=1, max_length=2000)
+    text: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS)
     at: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False,
                              description="answer at this video time (seconds), as '… @30s'")
     stream: bool = Field(True, description="server-sent events (start, token…, answer); false: the record as JSON")

@@ -8,7 +8,7 @@ in one line (`BadInput`).
 """
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from inf_mllm.policies import policy_options
@@ -34,16 +34,26 @@ class BadInput(ValueError):
     """Something the user chose or typed cannot work; the message is one line for the chat."""
 
 
+def _field(default, description: str = "", **bounds):
+    """A setting's default, what it means and its bounds (pydantic's `Field` keywords), read by the server's request
+    model (`serve/schema.py`), which is built from these fields."""
+    return field(default=default, metadata={"description": description, **bounds})
+
+
 @dataclass(frozen=True)
 class Settings:
-    model: str = "tiny-vlm"
-    policy: str = "inf_mllm+recall"
-    budget: str = "256"
-    bias: float | None = None
-    window: int | None = None
-    fps: float = 1.0
-    clip_seconds: float = 2.0
-    max_new_tokens: int = 16
+    """A hosted session's settings, their one home: the app's controls and the server's request body
+    (`serve.schema.OpenRequest`, built from these fields and their bounds) take them from here, and a session folder
+    keeps them (`save_settings`)."""
+
+    model: str = _field("tiny-vlm", max_length=200)
+    policy: str = _field("inf_mllm+recall", "as stream-qa --policy", max_length=200)
+    budget: str = _field("256", "as stream-qa --budget: tokens a layer, or a size: 64MB", max_length=32)
+    bias: float | None = _field(None, allow_inf_nan=False)
+    window: int | None = _field(None, ge=1, le=1_000_000)
+    fps: float = _field(1.0, gt=0, le=30, allow_inf_nan=False)
+    clip_seconds: float = _field(2.0, gt=0, le=600, allow_inf_nan=False)
+    max_new_tokens: int = _field(16, ge=1, le=512)
 
     def spec(self) -> PolicySpec:
         """The policy with the bias and window it takes (the page shows both fields for every policy)."""

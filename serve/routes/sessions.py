@@ -14,8 +14,7 @@ router = APIRouter(prefix="/v1/sessions", dependencies=AUTHORISED)
 
 @router.post("", status_code=201)
 async def open_session(req: OpenRequest, srv: Server = SERVER):
-    settings = Settings(model=req.model, policy=req.policy, budget=req.budget, bias=req.bias, window=req.window,
-                        fps=req.fps, clip_seconds=req.clip_seconds, max_new_tokens=req.max_new_tokens)
+    settings = Settings(**req.model_dump(exclude={"source"}))
     if req.model not in MODELS:
         raise Refused(400, f"unknown model {req.model!r}; available: {', '.join(MODELS)}")
     hosted = await run_in_threadpool(srv.sessions.open, settings, req.source.model_dump() if req.source else None)
