@@ -6,6 +6,7 @@ once by the cache; what is kept per token besides K/V (turn ids for recall, last
 tokens through every move. Elastic's merge, the other reducer, is merge.py.
 """
 
+import copy
 import weakref
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -65,6 +66,17 @@ class StreamingLayer(DynamicLayer):
         self.budget: int | None = None  # the last budget its allocator gave it
         self.linked: tuple[int, int] | None = None
         self._wants: list = []  # (observer, queries) for the forward under way
+
+    def __deepcopy__(self, memo):
+        """A copy (a benchmark's clone of a cache) whose positions and statistics refer, weakly, to the copy."""
+        other = self.__class__.__new__(self.__class__)
+        memo[id(self)] = other
+        back = weakref.proxy(other)
+        for ref in (self.pos.layer, self.stats.layer):
+            memo[id(ref)] = back
+        for key, value in vars(self).items():
+            object.__setattr__(other, key, copy.deepcopy(value, memo))
+        return other
 
     keys = property(lambda self: self._k.get(), lambda self, value: self._k.set(value))
     values = property(lambda self: self._v.get(), lambda self, value: self._v.set(value))

@@ -24,7 +24,9 @@ def url():
 
 
 def client(url):
-    return Client(url, verbose=False)
+    # the page's config within a minute, not httpx's 5 s: on a loaded 2-core CI machine the app process is busy with
+    # the previous test's stream while it answers
+    return Client(url, verbose=False, httpx_kwargs={"timeout": 60})
 
 
 def start(c, kind="Bundled clip", clip="bikes.mp4", upload=None, camera=0, policy="inf_mllm", budget=str(BUDGET)):
