@@ -43,7 +43,8 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
     app = FastAPI(title="stream-qa server", lifespan=lifespan, version="1",
                   description="Questions about live video, answered from a bounded KV cache (Inf-MLLM).")
     app.state.server, app.state.sessions = srv, srv.sessions
-    app.add_middleware(RequestLimits, max_json_bytes=int(config.max_json_kb * 1024), max_headers=config.max_headers)
+    app.add_middleware(RequestLimits, max_json_bytes=int(config.max_json_kb * 1024), max_headers=config.max_headers,
+                       json_paths={"/v1/chat/completions": config.max_upload_bytes})
     errors.install(app, srv.metrics)
     for router in ROUTERS:
         app.include_router(router)

@@ -61,11 +61,12 @@ def check_size(width: int, height: int) -> None:
 
 
 class RequestLimits:
-    """ASGI middleware: too many headers, or too many bytes of them → 431; a JSON body past `max_json_bytes` → 413,
-    before more than that is read."""
+    """ASGI middleware: too many headers, or too many bytes of them → 431; a JSON body past `max_json_bytes` (or its
+    path's own limit in `json_paths`: a chat completion carries its frames) → 413, before more than that is read."""
 
-    def __init__(self, app, max_json_bytes: int, max_headers: int):
+    def __init__(self, app, max_json_bytes: int, max_headers: int, json_paths: dict[str, int] | None = None):
         self.app, self.max_json_bytes, self.max_headers = app, max_json_bytes, max_headers
+        self.json_paths = json_paths or {}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -79,17 +80,18 @@ class RequestLimits:
         kind = next((v for k, v in headers if k == b"content-type"), b"").split(b";")[0].strip().lower()
         if kind != b"application/json":
             return await self.app(scope, receive, send)
+        limit = self.json_paths.get(scope.get("path", ""), self.max_json_bytes)
         declared = next((v for k, v in headers if k == b"content-length"), None)
-        if declared is not None and declared.isdigit() and int(declared) > self.max_json_bytes:
-            return await _refuse(send, 413, f"a JSON body of {int(declared):,} bytes; {self.max_json_bytes:,} at most")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return await _refuse(send, 413, f"a JSON body of {int(declared):,} bytes; {limit:,} at most")
         body = bytearray()  # read here, at most the limit, then handed on: a JSON body is small
         while True:
             message = await receive()
             if message["type"] != "http.request":
                 return await self.app(scope, _replay([message]), send)
             body += message.get("body", b"")
-            if len(body) > self.max_json_bytes:
-                return await _refuse(send, 413, f"a JSON body over {self.max_json_bytes:,} bytes")
+            if len(body) > limit:
+                return await _refuse(send, 413, f"a JSON body over {limit:,} bytes")
             if not message.get("more_body"):
                 break
         await self.app(scope, _replay([{"type": "http.request", "body": bytes(body), "more_body": False}], receive),

@@ -1,6 +1,7 @@
 """The HTTP routes, one router a concern: health and metrics, sessions, media (frames, video, the stream's end),
-questions. A new route goes in the router of its concern (or a new one listed here)."""
+questions, and what OpenAI-compatible clients speak (chat). A new route goes in the router of its concern (or a new
+one listed here)."""
 
-from . import health, media, questions, sessions
+from . import chat, health, media, questions, sessions
 
-ROUTERS = (health.router, sessions.router, media.router, questions.router)
+ROUTERS = (health.router, sessions.router, media.router, questions.router, chat.router)

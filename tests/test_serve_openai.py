@@ -1,0 +1,103 @@
+"""The server's OpenAI-compatible routes as an OpenAI user meets them: a real `python -m serve` on loopback, the
+official `openai` package as a user writes it (no mock), real frames of the bundled clip; the answers compared with
+the native routes' for the same frames and question."""
+
+import base64
+
+import httpx
+import pytest
+from openai import (
+    AuthenticationError,
+    BadRequestError,
+    NotFoundError,
+    OpenAI,
+    UnprocessableEntityError,
+)
+
+from jetson.reliability.server import TOKEN, serving
+from streaming.remote import Client, encoded
+from streaming.sources import FileSource, bundled_clip
+
+QUESTION = "what is on screen?"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("serve_openai"), max_upload_mb=4.0) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def frames():
+    """The bundled clip's first 8 s at 1 fps, as JPEG bytes (what both routes get)."""
+    return [encoded(f.rgb) for f in list(FileSource(bundled_clip(), fps=1.0))[:8]]
+
+
+def content(frames, text=QUESTION):
+    parts = [{"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(f).decode()}}
+             for f in frames]
+    return parts + [{"type": "text", "text": text}]
+
+
+def sessions_open(url) -> float:
+    metrics = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
+    return float(next(line.split()[1] for line in metrics.splitlines() if line.startswith("stream_qa_sessions ")))
+
+
+def test_the_official_client_gets_the_native_routes_answer_whole_and_streamed(server, frames):
+    url, _, _ = server
+    client = OpenAI(base_url=f"{url}/v1", api_key=TOKEN)
+    assert "tiny-vlm" in [m.id for m in client.models.list()]
+    messages = [{"role": "user", "content": content(frames)}]
+    whole = client.chat.completions.create(model="tiny-vlm", messages=messages)
+    streamed = list(client.chat.completions.create(model="tiny-vlm", messages=messages, stream=True,
+                                                   stream_options={"include_usage": True}))
+    native = Client(url, token=TOKEN)
+    session = native.open()
+    try:
+        for t, frame in enumerate(frames):
+            session.push(frame, float(t))
+        session.end()
+        expected = session.answer(QUESTION)
+    finally:
+        session.close()
+        native.close()
+    answer = whole.choices[0].message.content
+    assert answer and answer == expected["answer"]  # greedy, same settings, same frames: the same answer
+    assert whole.choices[0].finish_reason == "stop" and whole.object == "chat.completion"
+    record = whole.usage.model_extra["stream_qa"]
+    assert record["video_t"] == expected["video_t"] and 0 < record["kv_tokens"] <= 256 + 64  # budget + turn, answer
+    assert whole.usage.completion_tokens >= 1 and whole.usage.prompt_tokens == record["kv_tokens"]
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert text.strip() == answer
+    assert streamed[-1].usage is not None and streamed[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "stop"
+    assert sessions_open(url) == 0  # each completion's session closed after it
+
+
+def test_bad_requests_through_the_official_client_are_its_errors_and_the_server_keeps_answering(server, frames):
+    url, _, _ = server
+    client = OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0)
+    one = content(frames[:2])
+    cases = [
+        (BadRequestError, "fetches no URL", dict(messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "http://127.0.0.2/cam.jpg"}}, {"type": "text", "text": "hi"}]}])),
+        (BadRequestError, "no frames", dict(messages=[{"role": "user", "content": QUESTION}])),
+        (BadRequestError, "no question", dict(messages=[{"role": "user", "content": content(frames[:2], "")[:-1]}])),
+        (BadRequestError, "does not decode", dict(messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}, {"type": "text", "text": "hi"}]}])),
+        (NotFoundError, "unknown model", dict(model="gpt-4o", messages=[{"role": "user", "content": one}])),
+        (UnprocessableEntityError, "temperature", dict(messages=[{"role": "user", "content": one}], temperature=0.7)),
+        (UnprocessableEntityError, "n", dict(messages=[{"role": "user", "content": one}], n=2)),
+        (UnprocessableEntityError, "audio", dict(messages=[{"role": "user", "content": [
+            {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}])),
+    ]
+    for error, said, kwargs in cases:
+        with pytest.raises(error) as caught:
+            client.chat.completions.create(**({"model": "tiny-vlm"} | kwargs))
+        assert said in str(caught.value), (said, str(caught.value))
+    with pytest.raises(AuthenticationError):
+        OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+    reply = client.chat.completions.create(model="tiny-vlm", messages=[{"role": "user", "content": one}])
+    assert reply.choices[0].message.content  # still answering
+    assert sessions_open(url) == 0
