@@ -71,12 +71,13 @@ class StreamingLayer(DynamicLayer):
         """A copy (a benchmark's clone of a cache) whose positions and statistics refer, weakly, to the copy."""
         other = self.__class__.__new__(self.__class__)
         memo[id(self)] = other
-        back = weakref.proxy(other)
-        for ref in (self.pos.layer, self.stats.layer):
-            memo[id(ref)] = back
-        for key, value in vars(self).items():
-            object.__setattr__(other, key, copy.deepcopy(value, memo))
+        other.__setstate__({key: copy.deepcopy(value, memo) for key, value in vars(self).items()})
         return other
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled (a benchmark's checkpoint): its positions and statistics point back at it, weakly, again."""
+        vars(self).update(state)
+        self.pos.layer = self.stats.layer = weakref.proxy(self)
 
     keys = property(lambda self: self._k.get(), lambda self, value: self._k.set(value))
     values = property(lambda self: self._v.get(), lambda self, value: self._v.set(value))

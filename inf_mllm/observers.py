@@ -139,6 +139,10 @@ class Statistics(dict):
         self.layer = layer
         self._buffers: dict = {}
 
+    def __getstate__(self) -> dict:
+        """Pickled without its layer, which points it back at itself when unpickled (`StreamingLayer.__setstate__`)."""
+        return {k: v for k, v in vars(self).items() if k != "layer"}
+
     def _declared(self) -> dict[str, Statistic]:
         return self.layer.setup.statistics
 

@@ -80,6 +80,10 @@ class LinearRoPE:
     def __init__(self, layer):
         self.layer = layer
 
+    def __getstate__(self) -> dict:
+        """Pickled without its layer, which points it back at itself when unpickled (`StreamingLayer.__setstate__`)."""
+        return {k: v for k, v in vars(self).items() if k != "layer"}
+
     # --- what the cache asks once per forward or eviction ----------------------------------------
 
     @staticmethod
@@ -159,6 +163,10 @@ class MultimodalRoPE:
         self.layer = layer
         self._base = KVBuffer(layer.setup.static)
         self.end = 0
+
+    def __getstate__(self) -> dict:
+        """Pickled without its layer, which points it back at itself when unpickled (`StreamingLayer.__setstate__`)."""
+        return {k: v for k, v in vars(self).items() if k != "layer"}
 
     base = property(lambda self: self._base.get(), lambda self, value: self._base.set(value))
 
