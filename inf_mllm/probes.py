@@ -53,6 +53,7 @@ def question_keys(session, probe_ids: torch.Tensor) -> list[torch.Tensor]:
     the last of them and leaves the cache as it was."""
     layers = scoring_layers(session.recall, len(session.cache.layers))
     marks = session.cache.mark()
+    before = [layer.get_seq_length() for layer in session.cache.layers]  # where the probe's keys begin
     ids, _ = session.with_pending(probe_ids.to(session.device), None)
     with session.cache.forward(ids.shape[1], probe_until=layers[-1] + 1, batch=session.batch,
                                device=session.device) as fwd:
@@ -62,8 +63,8 @@ def question_keys(session, probe_ids: torch.Tensor) -> list[torch.Tensor]:
             keys = []
             for i in layers:
                 layer = session.cache.layers[i]
-                k = layer.keys[0, :, marks[i][0]:]
-                keys.append(rerotate(k, -layer.positions(marks[i][0]), session.cache.inv_freq))
+                k = layer.keys[0, :, before[i]:]
+                keys.append(rerotate(k, -layer.positions(before[i]), session.cache.inv_freq))
             return keys
         finally:
             session.cache.rollback(marks)

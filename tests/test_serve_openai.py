@@ -79,13 +79,14 @@ def test_bad_requests_through_the_official_client_are_its_errors_and_the_server_
     url, _, _ = server
     client = OpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0)
     one = content(frames[:2])
+    hi = {"type": "text", "text": "hi"}
     cases = [
         (BadRequestError, "fetches no URL", dict(messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "http://127.0.0.2/cam.jpg"}}, {"type": "text", "text": "hi"}]}])),
+            {"type": "image_url", "image_url": {"url": "http://127.0.0.2/cam.jpg"}}, hi]}])),
         (BadRequestError, "no frames", dict(messages=[{"role": "user", "content": QUESTION}])),
         (BadRequestError, "no question", dict(messages=[{"role": "user", "content": content(frames[:2], "")[:-1]}])),
         (BadRequestError, "does not decode", dict(messages=[{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}, {"type": "text", "text": "hi"}]}])),
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}}, hi]}])),
         (NotFoundError, "unknown model", dict(model="gpt-4o", messages=[{"role": "user", "content": one}])),
         (UnprocessableEntityError, "temperature", dict(messages=[{"role": "user", "content": one}], temperature=0.7)),
         (UnprocessableEntityError, "n", dict(messages=[{"role": "user", "content": one}], n=2)),
