@@ -51,8 +51,8 @@ class SlotArena:
 
     def holds(self, s: int) -> bool:
         cache = self.holders[s]
-        return cache is not None and all(layer.buffers()[0] is k and layer.buffers()[1] is v
-                                         for layer, (k, v) in zip(cache.layers, self._views[s], strict=True))
+        return cache is not None and all(mine is view for layer, views in zip(cache.layers, self._views[s], strict=True)
+                                         for mine, view in zip(layer.buffers(), views, strict=True))
 
     def bind(self, cache) -> int | None:
         """Move `cache`'s K/V into a free slot (once; they stay there while its buffers keep their shape); None when

@@ -135,7 +135,7 @@ def read_messages(messages: list[Message], max_bytes: int) -> tuple[str, list[tu
         if times and t < times[-1]:
             raise Refused(400, f"frame times go back: {t:g} s after {times[-1]:g} s")
         times.append(t)
-    return last, [(data, max(0.0, t)) for (data, _), t in zip(frames, times, strict=True)]
+    return last, [(data, t) for (data, _), t in zip(frames, times, strict=True)]
 
 
 def image_bytes(url: str, max_bytes: int) -> bytes:
