@@ -40,6 +40,13 @@ def run(args):
 
     counts = [1, 2] if args.quick else [1, 2, 4]
     rounds = 2 if args.quick else 6
+    if args.policies == ["realtime"]:  # the Realtime route alone
+        with tempfile.TemporaryDirectory() as tmp, \
+                serving(Path(tmp), token=None, max_sessions=16, max_questions=64) as (url, _, _):
+            records = realtime(url, counts, rounds)
+        print_table(records, sorted({r["metric"] for r in records}))
+        write(args.out, "serve_realtime", records, ["answer_s", "ttft_s"], x_label="connections")
+        return
     records = []
     with tempfile.TemporaryDirectory() as tmp, \
             serving(Path(tmp) / "a", token=None, max_sessions=16, max_questions=64) as (url, media, _), \
@@ -55,6 +62,7 @@ def run(args):
                 added = [a - b for a, b in zip(result[mode]["total"], result[over]["total"], strict=True)]
                 records.append(record("serve", f"{mode} over {over} (paired)", BUDGET, "overhead_ms",
                                       round(statistics.median(added) * 1e3, 2), n))
+        records += realtime(url, counts, rounds)
         records += failover(Path(tmp) / "ray", ray_url, tries=1 if args.quick else 3)
     with tempfile.TemporaryDirectory() as tmp:
         with serving(Path(tmp), token=None, max_sessions=CAPACITY, max_questions=64) as (url, _, process):
@@ -162,6 +170,103 @@ def paired(clip: Path, urls: dict, n: int, rounds: int) -> dict:
         for c in clients.values():
             c.close()
     return out
+
+
+def realtime(url: str, counts: list[int], rounds: int) -> list[dict]:
+    """/v1/realtime beside the native routes on one server: per N, N pushed-frames sessions of each, paired
+    question by question; the Realtime route's added time per question, and its p95 time to first token with N
+    connections over one's."""
+    records, one = [], None
+    for n in tqdm(counts, desc="realtime connections"):
+        result = realtime_paired(url, n, rounds)
+        for mode, r in result.items():
+            records += [record("serve", mode, BUDGET, metric, round(value, 4), n) for metric, value in (
+                ("ttft_s", _p(r["ttft"], 50)), ("ttft_p95_s", _p(r["ttft"], 95)),
+                ("answer_s", _p(r["total"], 50)), ("answer_p95_s", _p(r["total"], 95)))]
+        added = [a - b for a, b in zip(result["realtime"]["total"], result["native (pushed)"]["total"], strict=True)]
+        records.append(record("serve", "realtime over native (paired)", BUDGET, "overhead_ms",
+                              round(statistics.median(added) * 1e3, 2), n))
+        one = one or _p(result["realtime"]["ttft"], 95)
+        records.append(record("serve", "realtime p95 ttft over one connection's", BUDGET, "ratio",
+                              round(_p(result["realtime"]["ttft"], 95) / one, 3), n))
+    return records
+
+
+def realtime_paired(url: str, n: int, rounds: int) -> dict:
+    """n native sessions and n Realtime connections, each pushed the bundled clip's frames (PNG, 0-10 s: the last
+    closes the 8-10 s clip) and asked once to warm; then question by question all n native sessions at once (SSE),
+    then all n connections (raw WebSocket frames: the route's cost, not a client library's)."""
+    import json
+
+    from websockets.sync.client import connect
+
+    from streaming.remote import Client, encoded
+    from streaming.sources import FileSource, bundled_clip
+
+    frames = [encoded(f.rgb, "PNG") for f in FileSource(bundled_clip(), fps=1.0)]
+    frames.append(frames[-1])
+    client = Client(url)
+    native = [client.open(budget=str(BUDGET), clip_seconds=2.0) for _ in range(n)]
+    sockets = [connect(url.replace("http://", "ws://") + "/v1/realtime?model=tiny-vlm", max_size=None)
+               for _ in range(n)]
+    out = {mode: {"ttft": [], "total": []} for mode in ("native (pushed)", "realtime")}
+    try:
+        for session, ws in zip(native, sockets, strict=True):
+            _until(ws, "session.created")
+            for t, frame in enumerate(frames):
+                session.push(frame, float(t))
+                ws.send(json.dumps({"type": "conversation.item.create", "item": _item("input_image", frame, t)}))
+            _ask_there(session, QUESTIONS[0])
+            _ask_realtime(ws, QUESTIONS[0])
+        for _ in range(rounds):
+            for text in QUESTIONS:
+                for mode, asks in (("native (pushed)", [lambda s=s, q=text: _ask_there(s, q) for s in native]),
+                                   ("realtime", [lambda ws=ws, q=text: _ask_realtime(ws, q) for ws in sockets])):
+                    for first, total in _at_once(asks)[0]:
+                        out[mode]["ttft"].append(first)
+                        out[mode]["total"].append(total)
+    finally:
+        for ws in sockets:
+            ws.close()
+        for session in native:
+            session.close()
+        client.close()
+    return out
+
+
+def _item(kind: str, value, t: float | None = None) -> dict:
+    import base64
+
+    part = ({"type": "input_text", "text": value} if kind == "input_text" else
+            {"type": "input_image", "image_url": "data:image/png;base64," + base64.b64encode(value).decode(), "t": t})
+    return {"type": "message", "role": "user", "content": [part]}
+
+
+def _until(ws, kind: str) -> tuple[dict, float | None]:
+    """The next event of `kind`; and when a text delta came before it (None: none did)."""
+    import json
+
+    first = None
+    while True:
+        event = json.loads(ws.recv(timeout=300))
+        if event["type"] == "response.output_text.delta" and first is None:
+            first = time.perf_counter()
+        if event["type"] == "error":
+            raise RuntimeError(f"realtime: {event['error']['message']}")
+        if event["type"] == kind:
+            return event, first
+
+
+def _ask_realtime(ws, text) -> tuple[float, float]:
+    """The same over /v1/realtime: the question's item and response.create sent, events read to response.done."""
+    import json
+
+    t0 = time.perf_counter()
+    ws.send(json.dumps({"type": "conversation.item.create", "item": _item("input_text", text)}))
+    ws.send(json.dumps({"type": "response.create"}))
+    _, first = _until(ws, "response.done")
+    end = time.perf_counter()
+    return (first or end) - t0, end - t0
 
 
 def _at_once(calls) -> tuple[list, float]:

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--allow-url-host)")
     p.add_argument("--max-session-questions", type=int, default=d.max_session_questions,
                    help="one session's questions waiting at once (for video time or a turn)")
+    p.add_argument("--realtime-fps", type=float, default=d.realtime_fps, metavar="N",
+                   help="frames a second one Realtime WebSocket connection may send (/v1/realtime)")
     p.add_argument("--sse-batch-ms", type=float, default=d.sse_batch_ms, metavar="MS",
                    help="send an answer's tokens (after its first) that come within MS of each other as one chunk "
                         "(default 0: each at once; behind a proxy each chunk costs a hop)")
@@ -52,7 +54,8 @@ def main(argv=None) -> int:
             media=media, token=args.token or None, max_sessions=args.max_sessions, max_questions=args.max_questions,
             max_upload_mb=args.max_upload_mb, idle_s=args.idle, sse_batch_ms=args.sse_batch_ms,
             allow_url_hosts=tuple(args.allow_url_host), allow_private_urls=args.allow_private_urls,
-            max_session_questions=args.max_session_questions, preload=tuple(args.model or ("tiny-vlm",))))
+            max_session_questions=args.max_session_questions, realtime_fps=args.realtime_fps,
+            preload=tuple(args.model or ("tiny-vlm",))))
     except ValueError as err:  # the option's name as the user typed it
         option = {"idle_s": "idle"}.get(str(err).split()[0], str(err).split()[0]).replace("_", "-")
         print(f"python -m serve: --{option} {str(err).split(' ', 1)[1]}", file=sys.stderr)
@@ -80,7 +83,8 @@ def main(argv=None) -> int:
           f"(API docs at /docs)", file=sys.stderr, flush=True)
     # h11 (not httptools): its limit on a request's head is what caps header size (64 KB here)
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5,
-                http="h11", h11_max_incomplete_event_size=64 * 1024)
+                http="h11", h11_max_incomplete_event_size=64 * 1024,
+                ws="websockets", ws_max_size=config.max_message_bytes)  # /v1/realtime: a frame's event at most
     return 0
 
 

@@ -3,7 +3,7 @@
 
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
@@ -22,6 +22,7 @@ class Server:
     # awaited whenever this process serves a request of a session: how Ray Serve's multiplexing learns which
     # replica holds it (serve/ray_app.py)
     held: Callable[[str], Awaitable] | None = None
+    realtime: dict = field(default_factory=dict)  # session id → its Realtime connection (one at a time)
 
     async def find(self, session_id: str):
         """The session; one this process does not hold is continued from its folder, off the event loop."""
@@ -70,12 +71,14 @@ def server(request: Request) -> Server:
 
 async def authorised(request: Request) -> None:
     """The bearer token, when the server has one (every /v1 route and /metrics)."""
-    token = request.app.state.server.config.token
-    if token is None:
-        return
-    given = request.headers.get("authorization", "")
-    if not (given.startswith("Bearer ") and secrets.compare_digest(given[7:].encode(), token.encode())):
+    if not token_accepted(request.app.state.server.config.token, request.headers.get("authorization", "")):
         raise Refused(401, "a bearer token is required (Authorization: Bearer …)")
+
+
+def token_accepted(token: str | None, given: str) -> bool:
+    """Whether an `Authorization` header carries the server's token (any, when it has none)."""
+    return token is None or (given.startswith("Bearer ") and secrets.compare_digest(given[7:].encode(),
+                                                                                     token.encode()))
 
 
 SERVER = Depends(server)

@@ -24,9 +24,10 @@ class ServerConfig:
     max_session_questions: int = 4  # one session's questions waiting (for video time, or a turn) at once
     max_json_kb: float = 64.0  # a JSON request body
     max_headers: int = 100  # headers in one request; their total size is capped by the HTTP parser (64 KB)
+    realtime_fps: float = 60.0  # frames one Realtime connection may send a second
 
     POSITIVE = ("max_sessions", "max_questions", "max_session_questions", "max_upload_mb", "idle_s", "max_json_kb",
-                "max_headers")
+                "max_headers", "realtime_fps")
 
     @classmethod
     def parse(cls, values: dict) -> "ServerConfig":
@@ -55,6 +56,11 @@ class ServerConfig:
     @property
     def max_upload_bytes(self) -> int:
         return int(self.max_upload_mb * 2**20)
+
+    @property
+    def max_message_bytes(self) -> int:
+        """A WebSocket message: a frame at the upload limit as base64 in its event (4/3 of it), and room."""
+        return self.max_upload_bytes * 4 // 3 + 64 * 1024
 
 
 def _coerce(key: str, kind: str, value):

@@ -2,6 +2,10 @@
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+REALTIME_EVENTS = {"session.update", "conversation.item.create", "response.create", "response.cancel",
+                   "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear",
+                   "conversation.item.delete", "conversation.item.retrieve", "conversation.item.truncate",
+                   "output_audio_buffer.clear"}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -18,6 +22,12 @@ class Metrics:
                                 "answer (>= 1 keeps up with real time)",
                                 buckets=(0.25, 0.5, 1, 2, 4, 8, 16, 32, 64), registry=r)
         self.questions = Counter("stream_qa_questions", "Questions answered", registry=r)
+        self.realtime_connections = Gauge("stream_qa_realtime_connections", "Realtime WebSocket connections open",
+                                          registry=r)
+        self.realtime_events = Counter("stream_qa_realtime_events", "Realtime client events received, by type",
+                                       ["type"], registry=r)
+        self.realtime_frames = Counter("stream_qa_realtime_frames", "Frames pushed over Realtime connections",
+                                       registry=r)
         self.refused = Counter("stream_qa_refused", "Requests refused with 429", ["reason"], registry=r)
 
     def answered(self, answer, telemetry: dict) -> None:
@@ -25,6 +35,11 @@ class Metrics:
         self.ttft.observe(answer.ttft_s)
         if telemetry.get("ingest_speed"):
             self.ingest.observe(telemetry["ingest_speed"])
+
+    def realtime_event(self, kind: str) -> None:
+        """Counted by type; a type the protocol does not have is counted as "other" (a client cannot grow the
+        label set)."""
+        self.realtime_events.labels(kind if kind in REALTIME_EVENTS else "other").inc()
 
     def render(self, sessions) -> bytes:
         """The text exposition, session gauges read now."""

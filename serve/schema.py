@@ -38,4 +38,5 @@ class AskRequest(BaseModel):
     stream: bool = Field(True, description="server-sent events (start, token…, answer); false: the record as JSON")
 
 
+SessionSettings = _from_settings("SessionSettings")  # the settings alone (a Realtime session.update's stream_qa)
 MODELS_OF = {"source": SourceSpec, "": OpenRequest}  # where an unknown field sits → the model it does not belong to

@@ -3,11 +3,13 @@ tiny-vlm, 4 sessions on real video; the replica holding one of them is killed wi
 answer is streaming. Every answer delivered and every clip stored (its file written) before the kill is there
 afterwards, and the session answers again from the other replica."""
 
+import base64
+import contextlib
 import time
 
 import pytest
 
-from streaming.remote import Client, RemoteError
+from streaming.remote import Client, RemoteError, RemoteSession, encoded
 from streaming.sources import FileSource, bundled_clip
 
 pytestmark = pytest.mark.slow
@@ -98,3 +100,49 @@ def test_the_url_policy_holds_behind_ray(cluster):
                 client.open(budget="256", source={"url": source})
             assert refused.value.status == 400 and "hunter2" not in str(refused.value)
     assert hits == []
+
+
+def test_a_realtime_session_behind_ray_continues_on_another_replica_after_its_own_dies(cluster):
+    """`/v1/realtime` through Ray Serve's proxy with the official client: answered, then its replica killed; the
+    client reconnects with `?session=ID` (and the session's multiplexing header) and goes on from the folder."""
+    from openai import OpenAI
+
+    ray, url, _ = cluster
+    frames = [encoded(f.rgb) for f in FileSource(bundled_clip(), fps=1.0)]
+    client = OpenAI(base_url=f"{url}/v1", api_key="none")
+
+    def ask(connection, question: str) -> dict:
+        connection.conversation.item.create(item={"type": "message", "role": "user", "content": [
+            {"type": "input_text", "text": question}]})
+        connection.response.create()
+        for event in connection:
+            assert event.type != "error", event
+            if event.type == "response.done":
+                return event.response.usage.model_extra["stream_qa"]
+
+    with client.realtime.connect(model="tiny-vlm") as connection:
+        session_id = connection.recv().session.id
+        for t, frame in enumerate(frames[:8]):
+            connection.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_image", "image_url": "data:image/jpeg;base64," + base64.b64encode(frame).decode(),
+                 "t": float(t)}]})
+        first = ask(connection, "what is on screen?")
+        pinned = {"serve_multiplexed_model_id": session_id}
+        holder = RemoteSession(Client(url), {"id": session_id}).state()["replica"]
+        name = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].endswith(holder))
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    for _ in range(30):  # as a client does on close code 1013: until the dead replica's hold on the folder ends
+        connection = client.realtime.connect(model="tiny-vlm", extra_query={"session": session_id},
+                                             extra_headers=pinned).enter()
+        created = connection.recv()
+        if created.type != "error":
+            break
+        assert "retry" in created.error.message, created
+        connection.close()
+        time.sleep(1.0)
+    with contextlib.closing(connection):
+        assert created.type == "session.created" and created.session.id == session_id, created
+        assert created.session.model_extra["stream_qa"]["stored_clips"] == 3
+        again = ask(connection, "what did you see?")
+    assert first["answer"] and again["answer"] and again["video_t"] >= first["video_t"]
+    assert RemoteSession(Client(url), {"id": session_id}).state()["replica"] != holder

@@ -1,0 +1,495 @@
+"""OpenAI's Realtime protocol on a WebSocket, `/v1/realtime` (issue 63): a connection is a hosted session of pushed
+frames, the same one the native routes use (no second engine), so the unmodified `openai` package
+(`client.realtime.connect(model=…)`) streams a camera into a bounded session and asks about it.
+
+- Connect: `?model=NAME` opens a session; `?session=ID` continues one (held here, or from its folder). The first
+  event is `session.created`, whose `session.id` is the id to reconnect with.
+- `session.update`: `instructions` are kept and echoed (tiny-vlm answers with the system prompt it was trained with),
+  `max_output_tokens` and `model` as OpenAI names them, and under the extension key `stream_qa` the session settings
+  (`policy`, `budget`, `fps`, `clip_seconds`, `bias`, `window`, `max_new_tokens`); settings change only before the
+  session's first frame (the session is reopened with them).
+- `conversation.item.create`, a user message: `input_image` parts (JPEG or PNG `data:` URLs) are frames, at the video
+  time of their extension field `t` (seconds) or else at their arrival time; `input_text` parts are the question.
+- `response.create` answers the question about the clips completed so far (the frames of the clip still filling,
+  under `clip_seconds`, go in with that clip), streamed as OpenAI streams text; `response.done` carries `usage`
+  with the answer's `stream_qa` record (KV tokens, time to first token, what was looked up and recalled).
+- Whatever cannot be done (audio, tools, a bad event) is an `error` event and the connection stays; a full server
+  is an `error` event, then a close (1013) that says when to retry; a connection closes when idle past `--idle`.
+  On close the session is closed too, its folder (with `--sessions`) kept to continue with `?session=ID`.
+"""
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+import traceback
+import uuid
+from collections import deque
+from dataclasses import replace
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from streaming.clips import clip_end
+from streaming.hosted import MODELS, Settings
+from streaming.questions import MAX_QUESTION_CHARS
+
+from ..context import Server, token_accepted
+from ..schema import AskRequest, SessionSettings
+from ..sessions import Refused
+from .chat import image_bytes
+from .media import decode_image, push
+from .questions import Answering, admit
+
+router = APIRouter()
+
+TRY_AGAIN_LATER, POLICY_VIOLATION = 1013, 1008  # WebSocket close codes (RFC 6455, IANA registry)
+MAX_PARTS = 64  # content parts of one item
+MAX_INSTRUCTIONS = 4000
+AUDIO_EVENTS = ("input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear",
+                "output_audio_buffer.clear")
+NOT_HERE = {"conversation.item.delete", "conversation.item.retrieve", "conversation.item.truncate",
+            "response.cancel", "transcription_session.update"}
+# OpenAI's session fields this server reads or can leave aside; any other is refused
+SESSION_KEYS = {"type", "object", "id", "model", "instructions", "output_modalities", "max_output_tokens", "audio",
+                "tools", "tool_choice", "include", "tracing", "truncation", "prompt", "reasoning",
+                "parallel_tool_calls", "expires_at", "stream_qa"}
+
+
+class BadEvent(Exception):
+    """An event this connection answers with an `error` event: its code and one line."""
+
+    def __init__(self, code: str, message: str, param: str | None = None):
+        super().__init__(message)
+        self.code, self.message, self.param = code, message, param
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+class ClipClock:
+    """Which of the pushed frames a question can be answered about: the clips completed so far, as the engine groups
+    them (`streaming.clips.grouped`: a clip starts at a frame `clip_seconds` or more after its first). A question is
+    asked at the video time where the last completed clip ends (or the filling clip begins, if sooner), so the answer
+    is the same however far the model has got: the native API's answer to the question asked `at` that time."""
+
+    def __init__(self, clip_seconds: float):
+        self.clip_seconds, self.filling, self.complete = clip_seconds, [], []
+
+    def kept(self, t: float) -> None:
+        if self.filling and t - self.filling[0] >= self.clip_seconds:
+            self.complete, self.filling = self.filling, []
+        self.filling.append(t)
+
+    def asked_at(self) -> float | None:
+        """None when no clip of this connection's is complete (then only what a resumed session stored is asked)."""
+        if not self.complete:
+            return None
+        return min(self.filling[0], clip_end(self.complete, self.clip_seconds))
+
+
+class Connection:
+    """One WebSocket: its session, the question being gathered, and the answer streaming out."""
+
+    def __init__(self, srv: Server, ws: WebSocket):
+        self.srv, self.ws, self.config = srv, ws, srv.config
+        self.hosted, self.instructions, self.question = None, "", []
+        self.clock: ClipClock | None = None
+        self.stored_clips = 0  # a resumed session's: questions can be asked before any new clip
+        self.since: tuple[float, float] | None = None  # (arrival clock, video time) of this connection's first frame
+        self.arrivals: deque = deque()  # recent frames' arrival times: the per-connection frame rate
+        self.answering: asyncio.Task | None = None
+        self.leaving, self.closed = False, asyncio.Event()  # its session being closed; closed
+        self._send = asyncio.Lock()
+
+    # --- the wire -------------------------------------------------------------------------------
+
+    async def send(self, kind: str, **body) -> None:
+        async with self._send:  # the answer's task and the event loop both send
+            await self.ws.send_text(json.dumps({"type": kind, "event_id": _id("event"), **body}))
+
+    async def error(self, code: str, message: str, param: str | None = None, event_id: str | None = None) -> None:
+        kind = "invalid_request_error" if code not in ("server_error", "rate_limit_exceeded") else code
+        await self.send("error", error={"type": kind, "code": code, "message": message, "param": param,
+                                        "event_id": event_id})
+
+    async def refuse(self, code: int, error: str, message: str) -> None:
+        """An `error` event, then the close with its reason (a close reason is at most 123 bytes)."""
+        await self.error(error, message)
+        await self.ws.close(code, message.encode()[:123].decode(errors="ignore"))
+
+    # --- the connection's life ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        metrics = self.srv.metrics
+        metrics.realtime_connections.inc()
+        try:
+            if await self.start():
+                await self.serve_events()
+        except WebSocketDisconnect:
+            pass
+        finally:
+            metrics.realtime_connections.dec()
+            self.leaving = True
+            if self.answering is not None:
+                self.answering.cancel()
+            if self.hosted is not None:  # closed, its folder kept: `?session=ID` continues it
+                with contextlib.suppress(Refused):
+                    await asyncio.shield(run_in_threadpool(self.srv.sessions.close, self.hosted.id, False))
+                if self.srv.realtime.get(self.hosted.id) is self:
+                    del self.srv.realtime[self.hosted.id]
+            self.closed.set()
+
+    async def start(self) -> bool:
+        """The token, then the session (opened, or continued with `?session=ID`); False when refused."""
+        query = self.ws.query_params
+        if not token_accepted(self.config.token, self.ws.headers.get("authorization", "")):
+            await self.refuse(POLICY_VIOLATION, "invalid_api_key", "a bearer token is required (Authorization: "
+                                                                   "Bearer …)")
+            return False
+        model = query.get("model") or Settings().model
+        if model not in MODELS:
+            await self.refuse(POLICY_VIOLATION, "model_not_found",
+                              f"unknown model {model[:80]!r}; available: {', '.join(MODELS)}")
+            return False
+        try:
+            if query.get("session"):
+                await self.resume(query["session"], model)
+            else:
+                await self.open(Settings(model=model))
+        except Refused as err:
+            retry = f"; retry in {err.retry_after:g} s" if err.retry_after else ""
+            await self.refuse(TRY_AGAIN_LATER if err.status in (429, 503) else POLICY_VIOLATION,
+                              "rate_limit_exceeded" if err.status == 429 else "session_refused", err.message + retry)
+            return False
+        await self.send("session.created", session=self.described())
+        return True
+
+    async def open(self, settings: Settings) -> None:
+        self.hosted = await run_in_threadpool(self.srv.sessions.open, settings, None)
+        self.srv.realtime[self.hosted.id] = self
+        if self.srv.held is not None:  # behind Ray Serve: the router learns which replica holds it
+            await self.srv.held(self.hosted.id)
+        self.clock = ClipClock(settings.clip_seconds)
+
+    async def resume(self, session_id: str, model: str) -> None:
+        other = self.srv.realtime.get(session_id)
+        if other is not None and not other.leaving:
+            raise Refused(409, "this session already has a Realtime connection")
+        if other is not None:  # a client reconnecting at once: its last connection is still closing the session
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(other.closed.wait(), timeout=30)
+        hosted = await self.srv.find(session_id)
+        if hosted.pushed is None:
+            raise Refused(409, f"this session pulls its own frames ({hosted.source['kind']}); it takes none pushed")
+        self.srv.realtime[hosted.id] = self
+        if hosted.live.settings.model != model:
+            raise Refused(409, f"this session runs {hosted.live.settings.model}, not {model}")
+        self.hosted, self.stored_clips = hosted, hosted.live.engine.resume_at[0]
+        self.clock = ClipClock(hosted.live.settings.clip_seconds)
+
+    def described(self) -> dict:
+        """The session as OpenAI describes one, with its `stream_qa` settings and state."""
+        live = self.hosted.live
+        settings = live.settings
+        return {"type": "realtime", "object": "realtime.session", "id": self.hosted.id, "model": settings.model,
+                "instructions": self.instructions, "output_modalities": ["text"],
+                "max_output_tokens": settings.max_new_tokens,
+                "stream_qa": settings.__dict__ | {"budget_tokens": live.budget_tokens,
+                                                  "video_t": round(live.engine.video_t, 3),
+                                                  "stored_clips": self.stored_clips}}
+
+    async def serve_events(self) -> None:
+        """Events until the client leaves or stays idle past `idle_s` (an answer streaming is not idle)."""
+        while True:
+            try:
+                message = await asyncio.wait_for(self.ws.receive(), timeout=self.config.idle_s)
+            except TimeoutError:
+                if self.answering is not None and not self.answering.done():
+                    continue
+                await self.ws.close(1000, f"idle for {self.config.idle_s:g} s; continue with ?session=ID")
+                return
+            if message["type"] == "websocket.disconnect":
+                return
+            await self.handle(message)
+
+    async def handle(self, message: dict) -> None:
+        """One message: parsed, dispatched; whatever it cannot do is an `error` event, never a dropped connection."""
+        event_id = None
+        try:
+            if message.get("text") is None:
+                raise BadEvent("invalid_event", "a binary message: events are JSON text")
+            try:
+                event = json.loads(message["text"])
+            except (ValueError, RecursionError):
+                raise BadEvent("invalid_json", "the message is not JSON") from None
+            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+                raise BadEvent("invalid_event", "an event is a JSON object with a string 'type'")
+            event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+            kind = event["type"]
+            self.srv.metrics.realtime_event(kind)
+            self.hosted.touch()
+            await self.dispatch(kind, event)
+        except BadEvent as err:
+            await self.error(err.code, err.message, err.param, event_id)
+        except Refused as err:
+            retry = f"; retry in {err.retry_after:g} s" if err.retry_after else ""
+            code = "rate_limit_exceeded" if err.status == 429 else "invalid_request_error"
+            await self.error(code, err.message + retry, None, event_id)
+        except (WebSocketDisconnect, asyncio.CancelledError):
+            raise
+        except Exception as err:  # a bug: the log has it, the client gets one line and keeps its connection
+            traceback.print_exception(err, file=sys.stderr)
+            await self.error("server_error", f"internal error ({type(err).__name__}); the server's log has the "
+                                             "details", None, event_id)
+
+    async def dispatch(self, kind: str, event: dict) -> None:
+        handlers = {"session.update": self.session_update, "conversation.item.create": self.item_create,
+                    "response.create": self.response_create}
+        if kind in handlers:
+            return await handlers[kind](event)
+        if kind in AUDIO_EVENTS:
+            raise BadEvent("audio_not_supported", f"{kind}: this server takes images and text, not audio")
+        if kind in NOT_HERE:
+            raise BadEvent("unsupported_event", f"{kind} is not supported by this server")
+        raise BadEvent("unknown_event", f"unknown event type {kind[:80]!r}; this server takes session.update, "
+                                        "conversation.item.create, response.create")
+
+    # --- session.update --------------------------------------------------------------------------
+
+    async def session_update(self, event: dict) -> None:
+        session = event.get("session")
+        if not isinstance(session, dict):
+            raise BadEvent("invalid_event", "session.update needs a 'session' object", "session")
+        unknown = sorted(set(session) - SESSION_KEYS)
+        if unknown:
+            raise BadEvent("unknown_parameter", f"session.{unknown[0][:60]}: unknown field; known: "
+                                                f"{', '.join(sorted(SESSION_KEYS))}", f"session.{unknown[0][:60]}")
+        _text_only(session, "session")
+        if session.get("tools"):
+            raise BadEvent("tools_not_supported", "this server calls no tools", "session.tools")
+        instructions = session.get("instructions", self.instructions)
+        if not isinstance(instructions, str) or len(instructions) > MAX_INSTRUCTIONS:
+            raise BadEvent("invalid_value", f"instructions: a string of at most {MAX_INSTRUCTIONS} characters",
+                           "session.instructions")
+        settings = self.settings_from(session)
+        if settings != self.hosted.live.settings:
+            await self.reopen(settings)
+        self.instructions = instructions
+        await self.send("session.updated", session=self.described())
+
+    def settings_from(self, session: dict) -> Settings:
+        """The session's settings with what the update changes: `stream_qa`'s keys, `model`, `max_output_tokens`."""
+        current = self.hosted.live.settings
+        changes = session.get("stream_qa") or {}
+        if not isinstance(changes, dict):
+            raise BadEvent("invalid_value", "stream_qa: an object of session settings", "session.stream_qa")
+        changes = dict(changes)
+        if session.get("model") is not None:
+            changes["model"] = session["model"]
+        tokens = session.get("max_output_tokens")
+        if tokens is not None and tokens != "inf":
+            changes["max_new_tokens"] = tokens
+        try:
+            checked = SessionSettings.model_validate(current.__dict__ | changes)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            if first["type"] == "extra_forbidden":
+                raise BadEvent("unknown_parameter", f"stream_qa.{where[:60]}: unknown setting; known: "
+                                                    f"{', '.join(SessionSettings.model_fields)}") from None
+            raise BadEvent("invalid_value", f"stream_qa.{where}: {first['msg']}", f"session.stream_qa.{where}") \
+                from None
+        if checked.model not in MODELS:
+            raise BadEvent("model_not_found", f"unknown model {checked.model[:80]!r}; available: {', '.join(MODELS)}")
+        return replace(current, **checked.model_dump())
+
+    async def reopen(self, settings: Settings) -> None:
+        """New settings: the session is opened again with them, before it has any frame (a frame's clip was made
+        under the old ones)."""
+        pushed = self.hosted.pushed
+        if pushed.pushed or self.stored_clips:
+            raise BadEvent("session_settings_locked", "settings change only before the session's first frame; "
+                                                      "open a new connection for new settings")
+        old = self.hosted
+        await run_in_threadpool(self.srv.sessions.close, old.id)
+        del self.srv.realtime[old.id]
+        try:
+            await self.open(settings)
+        except Refused:
+            await self.open(old.live.settings)  # the connection keeps a session, under its former settings
+            raise
+
+    # --- conversation.item.create -----------------------------------------------------------------
+
+    async def item_create(self, event: dict) -> None:
+        item = event.get("item")
+        if not isinstance(item, dict) or item.get("type") != "message":
+            raise BadEvent("invalid_item", "conversation.item.create takes an item of type 'message'", "item.type")
+        if item.get("role") != "user":
+            raise BadEvent("invalid_item", "only user messages are taken (instructions go in session.update)",
+                           "item.role")
+        frames, texts = self.parts(item.get("content"))
+        question = " ".join(self.question + texts)
+        if len(question) > MAX_QUESTION_CHARS:
+            raise BadEvent("invalid_value", f"a question of more than {MAX_QUESTION_CHARS} characters",
+                           "item.content")
+        echo = []
+        for data, given in frames:
+            self.rate_check()
+            t = self.frame_time(given)
+            kept = await self.push_frame(data, t)
+            echo.append({"type": "input_image", "t": t, "kept": kept, "bytes": len(data)})
+        self.question += texts
+        echo += [{"type": "input_text", "text": text} for text in texts]
+        item_id = item.get("id") if isinstance(item.get("id"), str) and len(item["id"]) <= 64 else _id("item")
+        await self.send("conversation.item.created", previous_item_id=None, item={
+            "id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
+            "content": echo})
+
+    def parts(self, content) -> tuple[list[tuple[bytes, float | None]], list[str]]:
+        """(frames: bytes and given time, texts), every part checked before anything is pushed."""
+        if not isinstance(content, list) or not content:
+            raise BadEvent("invalid_item", "a message's content is a non-empty list of parts", "item.content")
+        if len(content) > MAX_PARTS:
+            raise BadEvent("invalid_item", f"{len(content)} parts in one item; at most {MAX_PARTS}", "item.content")
+        frames, texts = [], []
+        for i, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            where = f"item.content[{i}]"
+            if kind == "input_image":
+                url, t = part.get("image_url"), part.get("t")
+                if not isinstance(url, str):
+                    raise BadEvent("invalid_item", "an input_image part needs its image_url", where)
+                if t is not None and not (isinstance(t, int | float) and not isinstance(t, bool)
+                                          and 0 <= t <= 1e9):
+                    raise BadEvent("invalid_value", "t: a video time in seconds, 0 to 1e9", f"{where}.t")
+                try:
+                    frames.append((image_bytes(url, self.config.max_upload_bytes), t))
+                except Refused as err:
+                    raise BadEvent("invalid_image", err.message, where) from None
+            elif kind == "input_text":
+                if not isinstance(part.get("text"), str) or not part["text"].strip():
+                    raise BadEvent("invalid_item", "an input_text part needs its text", where)
+                texts.append(part["text"].strip())
+            elif kind == "input_audio":
+                raise BadEvent("audio_not_supported", "this server takes images and text, not audio", where)
+            else:
+                raise BadEvent("invalid_item", f"part type {str(kind)[:40]!r}: this server takes input_image and "
+                                               "input_text", where)
+        return frames, texts
+
+    def rate_check(self) -> None:
+        """At most `realtime_fps` frames a second arrive on one connection."""
+        now, limit = time.monotonic(), self.config.realtime_fps
+        while self.arrivals and now - self.arrivals[0] > 1.0:
+            self.arrivals.popleft()
+        if len(self.arrivals) >= limit:
+            raise BadEvent("rate_limit_exceeded", f"more than {limit:g} frames a second on this connection; "
+                                                  "this frame was not taken")
+        self.arrivals.append(now)
+
+    def frame_time(self, given: float | None) -> float:
+        """A frame's video time: its given `t`, or its arrival time after this connection's first frame (which
+        follows what a resumed session stored)."""
+        pushed, now = self.hosted.pushed, time.monotonic()
+        start = self.hosted.live.engine.resume_at[1]
+        if self.since is None:
+            self.since = (now, start if given is None else float(given))
+        if given is not None:
+            if given < start:
+                raise BadEvent("invalid_value", f"t {given:g} s: this session's stored video runs to {start:g} s")
+            return float(given)
+        t = self.since[1] + (now - self.since[0])
+        return t if pushed.last_t is None else max(t, pushed.last_t + 1e-3)
+
+    async def push_frame(self, data: bytes, t: float) -> bool:
+        """The frame pushed into the session (decoded only if its rate keeps it); whether it was kept."""
+        pushed = self.hosted.pushed
+        skipped = pushed.skipped
+        await push(self.srv, pushed, lambda: decode_image(data), t)
+        self.srv.metrics.realtime_frames.inc()
+        kept = pushed.skipped == skipped
+        if kept:
+            self.clock.kept(t)
+        return kept
+
+    # --- response.create -------------------------------------------------------------------------
+
+    async def response_create(self, event: dict) -> None:
+        if self.answering is not None and not self.answering.done():
+            raise BadEvent("conversation_already_has_active_response",
+                           "an answer is streaming; send response.create once its response.done has come")
+        response = event.get("response") or {}
+        if not isinstance(response, dict):
+            raise BadEvent("invalid_event", "response: an object", "response")
+        _text_only(response, "response")
+        if not self.question:
+            raise BadEvent("no_question", "nothing to answer: send a user message with an input_text part first")
+        at = self.clock.asked_at()
+        if at is None and not self.stored_clips:
+            raise BadEvent("no_complete_clip", "no clip is complete yet: a clip is "
+                                               f"{self.hosted.live.settings.clip_seconds:g} s of frames, and goes in "
+                                               "once a frame after it comes")
+        admit(self.srv, self.hosted.live)
+        answering = Answering(self.srv, self.hosted, AskRequest(text=" ".join(self.question), at=at))
+        self.question = []
+        self.answering = asyncio.create_task(self.stream(answering))
+
+    async def stream(self, answering: Answering) -> None:
+        """The answer as OpenAI streams text: created, the item and its part added, deltas, then each done."""
+        rid, iid = _id("resp"), _id("item")
+        where = {"response_id": rid, "item_id": iid, "output_index": 0, "content_index": 0}
+        item = {"id": iid, "object": "realtime.item", "type": "message", "role": "assistant", "content": []}
+        response = {"id": rid, "object": "realtime.response", "output_modalities": ["text"],
+                    "conversation_id": self.hosted.id}
+        await self.send("response.created", response=response | {"status": "in_progress", "output": []})
+        await self.send("response.output_item.added", response_id=rid, output_index=0,
+                        item=item | {"status": "in_progress"})
+        await self.send("response.content_part.added", **where, part={"type": "text", "text": ""})
+        pieces = 0
+        while True:
+            got = await answering.queue.queue.get()
+            self.hosted.touch()
+            if got is None:  # the stream ended before the answer
+                failed = {"type": "failed", "error": {"type": "server_error", "message": answering.unanswered()}}
+                await self.send("response.done", response=response | {"status": "failed", "output": [],
+                                                                      "status_details": failed})
+                return
+            if isinstance(got, str):
+                pieces += 1
+                await self.send("response.output_text.delta", **where, delta=got)
+            elif not isinstance(got, tuple):
+                await self.finish(answering.answered(got), pieces, where, item, response)
+                return
+
+    async def finish(self, record: dict, pieces: int, where: dict, item: dict, response: dict) -> None:
+        text = record["answer"]
+        await self.send("response.output_text.done", **where, text=text)
+        await self.send("response.content_part.done", **where, part={"type": "text", "text": text})
+        item = item | {"status": "completed", "content": [{"type": "output_text", "text": text}]}
+        await self.send("response.output_item.done", response_id=where["response_id"], output_index=0, item=item)
+        usage = {"input_tokens": record["kv_tokens"], "output_tokens": pieces,
+                 "total_tokens": record["kv_tokens"] + pieces, "stream_qa": record}
+        await self.send("response.done", response=response | {"status": "completed", "output": [item],
+                                                               "usage": usage})
+
+
+def _text_only(fields: dict, where: str) -> None:
+    """Audio asked for in a session or a response: refused in one line."""
+    modalities = fields.get("output_modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise BadEvent("audio_not_supported", "this server answers in text only: output_modalities ['text']",
+                       f"{where}.output_modalities")
+    if fields.get("audio"):
+        raise BadEvent("audio_not_supported", "this server takes images and text, not audio", f"{where}.audio")
+
+
+@router.websocket("/v1/realtime")
+async def realtime(ws: WebSocket):
+    await Connection(ws.app.state.server, ws).run()
+
