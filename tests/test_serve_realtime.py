@@ -54,6 +54,7 @@ def metric(url: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
+@pytest.mark.slow  # a minute of video through both routes: ~70 s
 def test_the_official_client_streams_a_minute_of_video_and_gets_the_native_answers(server, frames):
     url, _, _ = server
     client = OpenAI(base_url=f"{url}/v1", api_key=TOKEN)
@@ -250,6 +251,7 @@ def test_refused_connections_say_why_and_leave_nothing_open(server):
     assert metric(url, "stream_qa_realtime_connections ") == 0
 
 
+@pytest.mark.slow
 def test_a_client_leaving_mid_answer_and_200_connections_in_a_row_leave_the_server_as_it_was(server, frames):
     url, _, process = server
     rss = psutil.Process(process.pid)

@@ -26,69 +26,27 @@ import time
 import traceback
 import uuid
 from collections import deque
-from dataclasses import replace
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from streaming.clips import clip_end
 from streaming.hosted import MODELS, Settings
 from streaming.questions import MAX_QUESTION_CHARS
 
 from ..context import Server, token_accepted
-from ..schema import AskRequest, SessionSettings
+from ..schema import AskRequest
 from ..sessions import Refused
-from .chat import image_bytes
 from .media import decode_image, push
 from .questions import Answering, admit
+from .realtime_events import AUDIO_EVENTS, NOT_HERE, BadEvent, ClipClock, read_parts, read_session, text_only
 
 router = APIRouter()
 
 TRY_AGAIN_LATER, POLICY_VIOLATION = 1013, 1008  # WebSocket close codes (RFC 6455, IANA registry)
-MAX_PARTS = 64  # content parts of one item
-MAX_INSTRUCTIONS = 4000
-AUDIO_EVENTS = ("input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear",
-                "output_audio_buffer.clear")
-NOT_HERE = {"conversation.item.delete", "conversation.item.retrieve", "conversation.item.truncate",
-            "response.cancel", "transcription_session.update"}
-# OpenAI's session fields this server reads or can leave aside; any other is refused
-SESSION_KEYS = {"type", "object", "id", "model", "instructions", "output_modalities", "max_output_tokens", "audio",
-                "tools", "tool_choice", "include", "tracing", "truncation", "prompt", "reasoning",
-                "parallel_tool_calls", "expires_at", "stream_qa"}
-
-
-class BadEvent(Exception):
-    """An event this connection answers with an `error` event: its code and one line."""
-
-    def __init__(self, code: str, message: str, param: str | None = None):
-        super().__init__(message)
-        self.code, self.message, self.param = code, message, param
 
 
 def _id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
-
-
-class ClipClock:
-    """Which of the pushed frames a question can be answered about: the clips completed so far, as the engine groups
-    them (`streaming.clips.grouped`: a clip starts at a frame `clip_seconds` or more after its first). A question is
-    asked at the video time where the last completed clip ends (or the filling clip begins, if sooner), so the answer
-    is the same however far the model has got: the native API's answer to the question asked `at` that time."""
-
-    def __init__(self, clip_seconds: float):
-        self.clip_seconds, self.filling, self.complete = clip_seconds, [], []
-
-    def kept(self, t: float) -> None:
-        if self.filling and t - self.filling[0] >= self.clip_seconds:
-            self.complete, self.filling = self.filling, []
-        self.filling.append(t)
-
-    def asked_at(self) -> float | None:
-        """None when no clip of this connection's is complete (then only what a resumed session stored is asked)."""
-        if not self.complete:
-            return None
-        return min(self.filling[0], clip_end(self.complete, self.clip_seconds))
 
 
 class Connection:
@@ -204,8 +162,9 @@ class Connection:
                                                   "stored_clips": self.stored_clips}}
 
     async def serve_events(self) -> None:
-        """Events until the client leaves or stays idle past `idle_s` (an answer streaming is not idle)."""
-        while True:
+        """Events until the client leaves or stays idle past `idle_s` (an answer streaming is not idle), or the
+        connection has lost its session (`reopen`)."""
+        while self.hosted is not None:
             try:
                 message = await asyncio.wait_for(self.ws.receive(), timeout=self.config.idle_s)
             except TimeoutError:
@@ -262,51 +221,11 @@ class Connection:
     # --- session.update --------------------------------------------------------------------------
 
     async def session_update(self, event: dict) -> None:
-        session = event.get("session")
-        if not isinstance(session, dict):
-            raise BadEvent("invalid_event", "session.update needs a 'session' object", "session")
-        unknown = sorted(set(session) - SESSION_KEYS)
-        if unknown:
-            raise BadEvent("unknown_parameter", f"session.{unknown[0][:60]}: unknown field; known: "
-                                                f"{', '.join(sorted(SESSION_KEYS))}", f"session.{unknown[0][:60]}")
-        _text_only(session, "session")
-        if session.get("tools"):
-            raise BadEvent("tools_not_supported", "this server calls no tools", "session.tools")
-        instructions = session.get("instructions", self.instructions)
-        if not isinstance(instructions, str) or len(instructions) > MAX_INSTRUCTIONS:
-            raise BadEvent("invalid_value", f"instructions: a string of at most {MAX_INSTRUCTIONS} characters",
-                           "session.instructions")
-        settings = self.settings_from(session)
+        settings, instructions = read_session(event.get("session"), self.hosted.live.settings, self.instructions)
         if settings != self.hosted.live.settings:
             await self.reopen(settings)
         self.instructions = instructions
         await self.send("session.updated", session=self.described())
-
-    def settings_from(self, session: dict) -> Settings:
-        """The session's settings with what the update changes: `stream_qa`'s keys, `model`, `max_output_tokens`."""
-        current = self.hosted.live.settings
-        changes = session.get("stream_qa") or {}
-        if not isinstance(changes, dict):
-            raise BadEvent("invalid_value", "stream_qa: an object of session settings", "session.stream_qa")
-        changes = dict(changes)
-        if session.get("model") is not None:
-            changes["model"] = session["model"]
-        tokens = session.get("max_output_tokens")
-        if tokens is not None and tokens != "inf":
-            changes["max_new_tokens"] = tokens
-        try:
-            checked = SessionSettings.model_validate(current.__dict__ | changes)
-        except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            if first["type"] == "extra_forbidden":
-                raise BadEvent("unknown_parameter", f"stream_qa.{where[:60]}: unknown setting; known: "
-                                                    f"{', '.join(SessionSettings.model_fields)}") from None
-            raise BadEvent("invalid_value", f"stream_qa.{where}: {first['msg']}", f"session.stream_qa.{where}") \
-                from None
-        if checked.model not in MODELS:
-            raise BadEvent("model_not_found", f"unknown model {checked.model[:80]!r}; available: {', '.join(MODELS)}")
-        return replace(current, **checked.model_dump())
 
     async def reopen(self, settings: Settings) -> None:
         """New settings: the session is opened again with them, before it has any frame (a frame's clip was made
@@ -321,7 +240,11 @@ class Connection:
         try:
             await self.open(settings)
         except Refused:
-            await self.open(old.live.settings)  # the connection keeps a session, under its former settings
+            try:
+                await self.open(old.live.settings)  # the connection keeps a session, under its former settings
+            except Refused as err:  # the room it held went to another client: nothing left to serve
+                self.hosted = None
+                await self.refuse(TRY_AGAIN_LATER, "rate_limit_exceeded", f"{err.message}; connect again")
             raise
 
     # --- conversation.item.create -----------------------------------------------------------------
@@ -333,7 +256,7 @@ class Connection:
         if item.get("role") != "user":
             raise BadEvent("invalid_item", "only user messages are taken (instructions go in session.update)",
                            "item.role")
-        frames, texts = self.parts(item.get("content"))
+        frames, texts = read_parts(item.get("content"), self.config.max_upload_bytes)
         question = " ".join(self.question + texts)
         if len(question) > MAX_QUESTION_CHARS:
             raise BadEvent("invalid_value", f"a question of more than {MAX_QUESTION_CHARS} characters",
@@ -350,38 +273,6 @@ class Connection:
         await self.send("conversation.item.created", previous_item_id=None, item={
             "id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
             "content": echo})
-
-    def parts(self, content) -> tuple[list[tuple[bytes, float | None]], list[str]]:
-        """(frames: bytes and given time, texts), every part checked before anything is pushed."""
-        if not isinstance(content, list) or not content:
-            raise BadEvent("invalid_item", "a message's content is a non-empty list of parts", "item.content")
-        if len(content) > MAX_PARTS:
-            raise BadEvent("invalid_item", f"{len(content)} parts in one item; at most {MAX_PARTS}", "item.content")
-        frames, texts = [], []
-        for i, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else None
-            where = f"item.content[{i}]"
-            if kind == "input_image":
-                url, t = part.get("image_url"), part.get("t")
-                if not isinstance(url, str):
-                    raise BadEvent("invalid_item", "an input_image part needs its image_url", where)
-                if t is not None and not (isinstance(t, int | float) and not isinstance(t, bool)
-                                          and 0 <= t <= 1e9):
-                    raise BadEvent("invalid_value", "t: a video time in seconds, 0 to 1e9", f"{where}.t")
-                try:
-                    frames.append((image_bytes(url, self.config.max_upload_bytes), t))
-                except Refused as err:
-                    raise BadEvent("invalid_image", err.message, where) from None
-            elif kind == "input_text":
-                if not isinstance(part.get("text"), str) or not part["text"].strip():
-                    raise BadEvent("invalid_item", "an input_text part needs its text", where)
-                texts.append(part["text"].strip())
-            elif kind == "input_audio":
-                raise BadEvent("audio_not_supported", "this server takes images and text, not audio", where)
-            else:
-                raise BadEvent("invalid_item", f"part type {str(kind)[:40]!r}: this server takes input_image and "
-                                               "input_text", where)
-        return frames, texts
 
     def rate_check(self) -> None:
         """At most `realtime_fps` frames a second arrive on one connection."""
@@ -427,7 +318,7 @@ class Connection:
         response = event.get("response") or {}
         if not isinstance(response, dict):
             raise BadEvent("invalid_event", "response: an object", "response")
-        _text_only(response, "response")
+        text_only(response, "response")
         if not self.question:
             raise BadEvent("no_question", "nothing to answer: send a user message with an input_text part first")
         at = self.clock.asked_at()
@@ -439,6 +330,7 @@ class Connection:
         answering = Answering(self.srv, self.hosted, AskRequest(text=" ".join(self.question), at=at))
         self.question = []
         self.answering = asyncio.create_task(self.stream(answering))
+        self.answering.add_done_callback(_quiet)
 
     async def stream(self, answering: Answering) -> None:
         """The answer as OpenAI streams text: created, the item and its part added, deltas, then each done."""
@@ -479,14 +371,10 @@ class Connection:
                                                                "usage": usage})
 
 
-def _text_only(fields: dict, where: str) -> None:
-    """Audio asked for in a session or a response: refused in one line."""
-    modalities = fields.get("output_modalities")
-    if modalities is not None and modalities != ["text"]:
-        raise BadEvent("audio_not_supported", "this server answers in text only: output_modalities ['text']",
-                       f"{where}.output_modalities")
-    if fields.get("audio"):
-        raise BadEvent("audio_not_supported", "this server takes images and text, not audio", f"{where}.audio")
+def _quiet(task: asyncio.Task) -> None:
+    """An answer's task that ended by the client's leaving (its send failed): nothing more to tell anyone."""
+    if not task.cancelled():
+        task.exception()
 
 
 @router.websocket("/v1/realtime")
