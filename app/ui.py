@@ -16,9 +16,11 @@ from inf_mllm.spec import SCORERS
 from streaming.service import IDLE_CLOSE_S
 from streaming.sources import bundled_clip
 
-from .chat import MODELS
+from .chat import MODELS, Settings
 from .handlers import Handlers
 from .views import clip_seen, numbers, sighted, sighted_label
+
+DEFAULTS = Settings()  # the controls start at a hosted session's own defaults (streaming/settings.py)
 
 CLIPS = ("bikes.mp4", "bigbuckbunny.mp4", "carphone_pristine.mp4")
 KINDS = ("Bundled clip", "Upload", "Device camera", "Browser camera")
@@ -51,9 +53,9 @@ def layout(max_upload_mb: float) -> SimpleNamespace:
             with gr.Accordion("Model and cache", open=False):
                 with gr.Row():
                     model = gr.Dropdown(MODELS, value=MODELS[0], label="Model")
-                    policy = gr.Dropdown([*SCORERS, "inf_mllm+recall"], value="inf_mllm+recall", label="Policy")
+                    policy = gr.Dropdown([*SCORERS, "inf_mllm+recall"], value=DEFAULTS.policy, label="Policy")
                 with gr.Row():
-                    budget = gr.Textbox("256", label="Budget (tokens, or e.g. 8MB)", elem_id="budget")
+                    budget = gr.Textbox(DEFAULTS.budget, label="Budget (tokens, or e.g. 8MB)", elem_id="budget")
                     bias = gr.Textbox("", label="Bias b", placeholder="policy default", elem_id="bias")
                     window = gr.Textbox("", label="Window l", placeholder="policy default", elem_id="window")
             go = gr.Button("Start", variant="primary")

@@ -176,9 +176,14 @@ def realtime(url: str, counts: list[int], rounds: int) -> list[dict]:
     """/v1/realtime beside the native routes on one server: per N, N pushed-frames sessions of each, paired
     question by question; the Realtime route's added time per question, and its p95 time to first token with N
     connections over one's."""
-    records, one = [], None
+    records, one, alone = [], None, None
     for n in tqdm(counts, desc="realtime connections"):
         result = realtime_paired(url, n, rounds)
+        answers = dict(result["realtime"]["answers"])  # n connections, the same frames: one answer a question
+        alone = alone or answers
+        same = [a == alone[q] for q, a in result["realtime"]["answers"] + result["native (pushed)"]["answers"]]
+        records.append(record("serve", "realtime and native answers equal one connection's", BUDGET, "rate",
+                              round(sum(same) / len(same), 4), n))
         for mode, r in result.items():
             records += [record("serve", mode, BUDGET, metric, round(value, 4), n) for metric, value in (
                 ("ttft_s", _p(r["ttft"], 50)), ("ttft_p95_s", _p(r["ttft"], 95)),
@@ -209,22 +214,24 @@ def realtime_paired(url: str, n: int, rounds: int) -> dict:
     native = [client.open(budget=str(BUDGET), clip_seconds=2.0) for _ in range(n)]
     sockets = [connect(url.replace("http://", "ws://") + "/v1/realtime?model=tiny-vlm", max_size=None)
                for _ in range(n)]
-    out = {mode: {"ttft": [], "total": []} for mode in ("native (pushed)", "realtime")}
+    out = {mode: {"ttft": [], "total": [], "answers": []} for mode in ("native (pushed)", "realtime")}
     try:
         for session, ws in zip(native, sockets, strict=True):
             _until(ws, "session.created")
             for t, frame in enumerate(frames):
                 session.push(frame, float(t))
                 ws.send(json.dumps({"type": "conversation.item.create", "item": _item("input_image", frame, t)}))
-            _ask_there(session, QUESTIONS[0])
+            _ask_there(session, QUESTIONS[0], answers=True)
             _ask_realtime(ws, QUESTIONS[0])
         for _ in range(rounds):
             for text in QUESTIONS:
-                for mode, asks in (("native (pushed)", [lambda s=s, q=text: _ask_there(s, q) for s in native]),
+                for mode, asks in (("native (pushed)", [lambda s=s, q=text: _ask_there(s, q, answers=True)
+                                                        for s in native]),
                                    ("realtime", [lambda ws=ws, q=text: _ask_realtime(ws, q) for ws in sockets])):
-                    for first, total in _at_once(asks)[0]:
+                    for first, total, answer in _at_once(asks)[0]:
                         out[mode]["ttft"].append(first)
                         out[mode]["total"].append(total)
+                        out[mode]["answers"].append((text, answer))
     finally:
         for ws in sockets:
             ws.close()
@@ -264,9 +271,9 @@ def _ask_realtime(ws, text) -> tuple[float, float]:
     t0 = time.perf_counter()
     ws.send(json.dumps({"type": "conversation.item.create", "item": _item("input_text", text)}))
     ws.send(json.dumps({"type": "response.create"}))
-    _, first = _until(ws, "response.done")
+    done, first = _until(ws, "response.done")
     end = time.perf_counter()
-    return (first or end) - t0, end - t0
+    return (first or end) - t0, end - t0, done["response"]["output"][0]["content"][0]["text"]
 
 
 def _at_once(calls) -> tuple[list, float]:
@@ -299,14 +306,17 @@ def _ask_here(session, text) -> tuple[float, float]:
     return (first or end) - t0, end - t0
 
 
-def _ask_there(session, text) -> tuple[float, float]:
-    """The same through the server: the request sent, its server-sent events read to the answer's record."""
-    t0, first = time.perf_counter(), None
-    for event, _ in session.events(text):
+def _ask_there(session, text, answers: bool = False) -> tuple:
+    """The same through the server: the request sent, its server-sent events read to the answer's record (and,
+    with `answers`, the answer)."""
+    t0, first, answer = time.perf_counter(), None, None
+    for event, data in session.events(text):
         if event == "token" and first is None:
             first = time.perf_counter()
+        if event == "answer":
+            answer = data["answer"]
     end = time.perf_counter()
-    return (first or end) - t0, end - t0
+    return ((first or end) - t0, end - t0) + ((answer,) if answers else ())
 
 
 def load(url: str, pid: int, clients: int, waves: int, headers: dict | None = None) -> list[dict]:

@@ -5,6 +5,10 @@ import argparse
 import sys
 
 from streaming.errors import is_user_error
+from streaming.settings import add_options
+
+# a soak's: one question every few short clips, short answers, the bare policy
+SOAK_DEFAULTS = {"policy": "inf_mllm", "budget": "512", "clip_seconds": 1.0, "max_new_tokens": 4}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,18 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sample-s", type=float, default=5.0, help="seconds between memory samples (default 5)")
     s.add_argument("--warmup", type=float, default=0.2, help="share of rounds left out of the slope fit")
     s.add_argument("--model", default="tiny-vlm")
-    s.add_argument("--policy", default="inf_mllm")
-    s.add_argument("--window", type=int, help="retrieval window l (default: the policy's, at most a quarter of "
-                                              "a token budget)")
-    s.add_argument("--bias", type=float, help="inf_mllm attention bias b (default: the policy's)")
-    s.add_argument("--budget", default="512", help="tokens per layer, a size such as 64MB, or auto")
+    add_options(s, ("policy", "window", "bias", "budget", "fps", "clip_seconds", "max_new_tokens"), SOAK_DEFAULTS)
     s.add_argument("--compare-full", type=float, metavar="X", default=0,
                    help="also run a full cache capped at X times the budget's memory")
     s.add_argument("--streams", type=int, default=1, metavar="N",
                    help="N copies of the video at once, each its own session on one session pool (default 1)")
-    s.add_argument("--fps", type=float, default=1.0)
-    s.add_argument("--clip-seconds", type=float, default=1.0)
-    s.add_argument("--max-new-tokens", type=int, default=4)
     s.add_argument("--device", default="cpu")
     s.add_argument("--out", default="benchmarks/results")
     s.add_argument("--name", default="soak", help="output files NAME.json, .png, .jsonl, _verdict.json")

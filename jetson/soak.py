@@ -25,6 +25,7 @@ from streaming.checks import check_budget
 from streaming.errors import ConfigError
 from streaming.questions import QuestionError, parse_time
 from streaming.records import machine, record, write
+from streaming.settings import check_options
 from streaming.soak import EveryKRounds, describe, run_soak, verdict
 from streaming.sources import FileSource, bundled_clip
 
@@ -147,17 +148,11 @@ def check_soak_args(args) -> None:
         raise ConfigError("give exactly one of --rounds N or --duration TIME")
     if args.rounds is not None and args.rounds < 2:
         raise ConfigError(f"--rounds must be at least 2, got {args.rounds}")
-    for name in ("clip_seconds", "fps"):
-        if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive number, got {getattr(args, name)}")
+    check_options(args, ("clip_seconds", "fps", "max_new_tokens", "window", "bias"))
     if not (math.isfinite(args.sample_s) and args.sample_s >= 0):
         raise ConfigError(f"--sample-s must be a number of seconds ≥ 0 (0: every round), got {args.sample_s}")
-    if args.question_every < 1 or args.max_new_tokens < 1:
-        raise ConfigError("--question-every and --max-new-tokens must be at least 1")
-    if args.window is not None and args.window < 1:
-        raise ConfigError(f"--window must be a whole number ≥ 1, got {args.window}")
-    if args.bias is not None and not (math.isfinite(args.bias) and args.bias >= 0):
-        raise ConfigError(f"--bias must be a finite number ≥ 0, got {args.bias}")
+    if args.question_every < 1:
+        raise ConfigError("--question-every must be at least 1")
     if not 0 <= args.warmup < 1:
         raise ConfigError(f"--warmup is a fraction of the rounds in [0, 1), got {args.warmup}")
     check_budget(args.budget)

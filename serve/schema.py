@@ -4,8 +4,8 @@ from dataclasses import fields
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from streaming.hosted import Settings
 from streaming.questions import MAX_QUESTION_CHARS
+from streaming.settings import Settings
 
 STRICT = ConfigDict(extra="forbid")  # a misspelt field is refused with the known ones, never silently defaulted
 
@@ -18,10 +18,15 @@ class SourceSpec(BaseModel):
     loops: int = Field(1, ge=1, le=1000)
 
 
+# what a server takes at most, on top of what a setting needs to work at all (`Settings`' own bounds)
+SERVER_LIMITS = {"fps": {"le": 30}, "clip_seconds": {"le": 600}, "window": {"le": 1_000_000},
+                 "max_new_tokens": {"le": 512}}
+
+
 def _from_settings(name: str, **more):
-    """A request model whose fields are `streaming.hosted.Settings`' own (defaults, bounds, descriptions), and
-    `more`."""
-    own = {f.name: (f.type, Field(f.default, **{k: v for k, v in f.metadata.items() if v != ""}))
+    """A request model whose fields are `streaming.settings.Settings`' own (defaults, bounds, descriptions) within
+    the server's limits, and `more`."""
+    own = {f.name: (f.type, Field(f.default, **(f.metadata | SERVER_LIMITS.get(f.name, {}))))
            for f in fields(Settings)}
     return create_model(name, __config__=STRICT, **own, **more)
 

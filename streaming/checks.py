@@ -21,6 +21,7 @@ from inf_mllm.spec import parse_budget
 from .errors import EXIT_INTERRUPTED, ConfigError, OutputError
 
 MAX_NEW_TOKENS = 4096
+SETTING_OPTIONS = ("fps", "clip_seconds", "max_new_tokens", "window", "bias")  # stream-qa's, from `Settings`
 
 
 def positive(name: str, value: float | None, integer: bool = False) -> None:
@@ -41,15 +42,10 @@ def check_budget(text: str) -> None:
 
 def check_args(args) -> None:
     """Every number `stream-qa` takes, before torch loads (so a typo costs no model load)."""
-    positive("--fps", args.fps)
-    positive("--clip-seconds", args.clip_seconds)
+    from .settings import check_options
+
+    check_options(args, SETTING_OPTIONS, {"max_new_tokens": {"le": MAX_NEW_TOKENS}})
     positive("--loop", args.loop, integer=True)
-    positive("--max-new-tokens", args.max_new_tokens, integer=True)
-    if args.max_new_tokens > MAX_NEW_TOKENS:
-        raise ConfigError(f"--max-new-tokens is at most {MAX_NEW_TOKENS}, got {args.max_new_tokens}")
-    positive("--window", args.window, integer=True)
-    if args.bias is not None and not (math.isfinite(args.bias) and args.bias >= 0):
-        raise ConfigError(f"--bias must be a finite number ≥ 0, got {args.bias}")
     for webcam in args.webcam if isinstance(args.webcam, list) else [args.webcam]:  # several sources: a list
         if webcam is not None and webcam < 0:
             raise ConfigError(f"--webcam takes a camera index ≥ 0, got {webcam}")

@@ -8,6 +8,7 @@ flushing every answer already given.
 import argparse
 import sys
 import warnings
+from dataclasses import fields
 
 import models  # the model list only: no torch
 from inf_mllm.spec import PolicySpec, Recall
@@ -44,6 +45,7 @@ from .questions import (
     read_file,
 )
 from .session_dir import SessionDir
+from .settings import Settings, add_options
 from .soak import run_soak_cli, soak_plan, soak_schedule
 from .sources import bundled_clip, open_source
 from .stdin import StdinQuestions
@@ -57,6 +59,8 @@ from .streams import (
     stream_folders,
 )
 
+# a file's run: longer clips and a larger budget than a hosted session's (the settings' own defaults)
+FILE_DEFAULTS = {"budget": "512", "clip_seconds": 4.0}
 DEFAULT_QUESTIONS = ("what is on screen? @4s", "is there a bicycle now? @8s", "what do you see now? @8s",
                      "how many people are there? @8s", "what was on screen at the start? @10s",
                      "did you see a person? @10s", "when did the bicycle appear? @10s")
@@ -70,8 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--webcam", type=int, action="append", default=[], metavar="N",
                      help="webcam index (OpenCV / V4L2); may be repeated")
     src.add_argument("--url", action="append", default=[], help="a stream URL (RTSP, HTTP); may be repeated")
-    src.add_argument("--fps", type=float, default=1.0, help="frames sampled per second of video (default 1)")
-    src.add_argument("--clip-seconds", type=float, default=4.0, help="video seconds per clip turn (default 4)")
+    add_options(src, ("fps", "clip_seconds"), FILE_DEFAULTS)
     src.add_argument("--fast", action="store_true", help="read files as fast as possible instead of in real time")
     src.add_argument("--loop", type=int, default=1, metavar="N", help="play a file N times in a row")
     q = p.add_argument_group("questions (default: five sample questions)")
@@ -83,12 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--model", nargs="+", default=["tiny-vlm"], metavar="NAME [PATH]",
                    help=f"{models.usage()} (default tiny-vlm; hf's hub id, owner/name, loads where the hub is "
                         "reachable)")
-    m.add_argument("--policy", default="inf_mllm+recall",
-                   help="cache policy (python -m inf_mllm policies; default inf_mllm+recall)")
-    m.add_argument("--budget", default="512", help="KV budget: tokens per layer, or memory such as 512MB")
-    m.add_argument("--bias", type=float, help="inf_mllm attention bias b")
-    m.add_argument("--window", type=int, help="inf_mllm retrieval window l")
-    m.add_argument("--max-new-tokens", type=int, default=16)
+    add_options(m, ("policy", "budget", "bias", "window", "max_new_tokens"), FILE_DEFAULTS)
     m.add_argument("--device", default="cpu")
     m.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
                    help="run decode steps compiled on fixed shapes (torch.compile; CUDA graphs on a GPU). Default: on "
@@ -117,9 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-# the settings a session folder keeps; --resume takes them from there
-SESSION_SETTINGS = ("video", "webcam", "url", "fps", "clip_seconds", "fast", "loop", "model", "policy", "budget",
-                    "bias", "window", "max_new_tokens", "device", "detect")
+# the settings a session folder keeps (the source's, a session's, where it runs); --resume takes them from there
+SESSION_SETTINGS = ("video", "webcam", "url", "fast", "loop", *(f.name for f in fields(Settings)), "device", "detect")
 
 
 def open_session_dir(args):

@@ -8,12 +8,10 @@ in one line (`BadInput`).
 """
 
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from inf_mllm.policies import policy_options
 from inf_mllm.pool import SessionPool
-from inf_mllm.spec import PolicySpec, Recall, parse_budget
+from inf_mllm.spec import Recall
 from models import load_adapter, runs_here
 
 from .budgets import headroom, open_session
@@ -21,6 +19,7 @@ from .checks import one_line
 from .engine import Answer
 from .live import LiveSession
 from .memory import auto_budget
+from .settings import BadInput, Settings  # noqa: F401  (their one home; the products import them from here too)
 
 ANSWER_FIELDS = set(Answer.__dataclass_fields__)
 MODELS = runs_here()  # the models that load with no folder (models.ADAPTERS); `python -m app --hf DIR` adds checkpoints
@@ -28,57 +27,6 @@ CHECKPOINTS: dict[str, str] = {}  # model name in the list → transformers chec
 _adapters: dict[str, object] = {}
 _pools: dict[str, SessionPool] = {}
 _adapters_lock = threading.Lock()
-
-
-class BadInput(ValueError):
-    """Something the user chose or typed cannot work; the message is one line for the chat."""
-
-
-def _field(default, description: str = "", **bounds):
-    """A setting's default, what it means and its bounds (pydantic's `Field` keywords), read by the server's request
-    model (`serve/schema.py`), which is built from these fields."""
-    return field(default=default, metadata={"description": description, **bounds})
-
-
-@dataclass(frozen=True)
-class Settings:
-    """A hosted session's settings, their one home: the app's controls and the server's request body
-    (`serve.schema.OpenRequest`, built from these fields and their bounds) take them from here, and a session folder
-    keeps them (`save_settings`)."""
-
-    model: str = _field("tiny-vlm", max_length=200)
-    policy: str = _field("inf_mllm+recall", "as stream-qa --policy", max_length=200)
-    budget: str = _field("256", "as stream-qa --budget: tokens a layer, or a size: 64MB", max_length=32)
-    bias: float | None = _field(None, allow_inf_nan=False)
-    window: int | None = _field(None, ge=1, le=1_000_000)
-    fps: float = _field(1.0, gt=0, le=30, allow_inf_nan=False)
-    clip_seconds: float = _field(2.0, gt=0, le=600, allow_inf_nan=False)
-    max_new_tokens: int = _field(16, ge=1, le=512)
-
-    def spec(self) -> PolicySpec:
-        """The policy with the bias and window it takes (the page shows both fields for every policy)."""
-        try:
-            spec = PolicySpec.parse(self.policy)
-        except ValueError as err:
-            raise BadInput(one_line(err)) from None
-        names = policy_options(spec)
-        return spec.with_options(**{k: v for k, v in (("bias", self.bias), ("window", self.window))
-                                    if v is not None and k in names})
-
-    def budget_value(self):
-        """Tokens (int), a memory size ("64MB") or "auto"; None for the full cache."""
-        if not self.spec().bounded:
-            return None
-        try:
-            return parse_budget(self.budget)
-        except ValueError as err:
-            raise BadInput(one_line(err)) from None
-
-    def describe(self) -> str:
-        spec = self.spec()
-        budget = f"budget {self.budget}" if spec.bounded else "unbounded"
-        extra = "".join(f", {k} {v}" for k, v in spec.options.items())
-        return f"{self.model}, {self.policy}, {budget}{extra}"
 
 
 def shared_adapter(name: str):

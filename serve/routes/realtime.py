@@ -1,21 +1,19 @@
 """OpenAI's Realtime protocol on a WebSocket, `/v1/realtime` (issue 63): a connection is a hosted session of pushed
-frames, the same one the native routes use (no second engine), so the unmodified `openai` package
-(`client.realtime.connect(model=…)`) streams a camera into a bounded session and asks about it.
+frames, the one the native routes use (no second engine), so the unmodified `openai` package streams a camera into
+a bounded session and asks about it.
 
-- Connect: `?model=NAME` opens a session; `?session=ID` continues one (held here, or from its folder). The first
-  event is `session.created`, whose `session.id` is the id to reconnect with.
-- `session.update`: `instructions` are kept and echoed (tiny-vlm answers with the system prompt it was trained with),
-  `max_output_tokens` and `model` as OpenAI names them, and under the extension key `stream_qa` the session settings
-  (`policy`, `budget`, `fps`, `clip_seconds`, `bias`, `window`, `max_new_tokens`); settings change only before the
-  session's first frame (the session is reopened with them).
-- `conversation.item.create`, a user message: `input_image` parts (JPEG or PNG `data:` URLs) are frames, at the video
-  time of their extension field `t` (seconds) or else at their arrival time; `input_text` parts are the question.
-- `response.create` answers the question about the clips completed so far (the frames of the clip still filling,
-  under `clip_seconds`, go in with that clip), streamed as OpenAI streams text; `response.done` carries `usage`
-  with the answer's `stream_qa` record (KV tokens, time to first token, what was looked up and recalled).
-- Whatever cannot be done (audio, tools, a bad event) is an `error` event and the connection stays; a full server
-  is an `error` event, then a close (1013) that says when to retry; a connection closes when idle past `--idle`.
-  On close the session is closed too, its folder (with `--sessions`) kept to continue with `?session=ID`.
+- Connect: `?model=NAME` opens a session; `?session=ID` continues one (held here, or from its folder).
+  `session.created` gives its id.
+- `session.update`: `instructions` kept and echoed (tiny-vlm answers with the system prompt it was trained with);
+  `max_output_tokens`, `model`, and the extension key `stream_qa`'s session settings, changed only before the
+  session's first frame (it is reopened with them).
+- `conversation.item.create`, a user message: `input_image` parts (JPEG/PNG `data:` URLs) are frames at their
+  extension field `t` (seconds) or their arrival time; `input_text` parts are the question.
+- `response.create` answers it about the clips completed so far (a clip still filling goes in with the frame that
+  closes it), streamed as OpenAI streams text; `response.done`'s `usage.stream_qa` is the answer's record.
+- What cannot be done (audio, tools, a bad event) is an `error` event and the connection stays; a full server is an
+  `error` event, then a close (1013) that says when to retry; idle past `--idle`, the connection closes. On close the
+  session is closed too, its folder (with `--sessions`) kept for `?session=ID`.
 """
 
 import asyncio
@@ -41,7 +39,6 @@ from .questions import Answering, admit
 from .realtime_events import AUDIO_EVENTS, NOT_HERE, BadEvent, ClipClock, read_parts, read_session, text_only
 
 router = APIRouter()
-
 TRY_AGAIN_LATER, POLICY_VIOLATION = 1013, 1008  # WebSocket close codes (RFC 6455, IANA registry)
 
 
