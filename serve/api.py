@@ -14,7 +14,7 @@ import contextlib
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from streaming.hosted import shared_pool
+from streaming.hosted import limit_streams, shared_pool
 
 from . import errors
 from .context import Server
@@ -29,6 +29,7 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
     """`held(session_id)`, awaited whenever this process serves a request of a session: how Ray Serve's
     multiplexing learns which replica holds it (serve/ray_app.py)."""
     config = config or ServerConfig()
+    limit_streams(config.max_sessions)  # one cap: the pool admits what the server's count does
     srv = Server(config, Sessions(config), Metrics(), held)
 
     @contextlib.asynccontextmanager

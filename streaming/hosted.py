@@ -27,6 +27,7 @@ CHECKPOINTS: dict[str, str] = {}  # model name in the list → transformers chec
 _adapters: dict[str, object] = {}
 _pools: dict[str, SessionPool] = {}
 _adapters_lock = threading.Lock()
+_max_streams = [64]  # streams a model's pool admits: the server sets its --max-sessions here (`limit_streams`)
 
 
 def shared_adapter(name: str):
@@ -47,8 +48,18 @@ def shared_pool(name: str) -> SessionPool:
         if name not in _pools:
             free = auto_budget(None, str(adapter.device))
             _pools[name] = SessionPool(adapter.model, adapter.tokenizer, unbounded=True,  # "full": the comparison
-                                       kv_bytes=max(0, free.free_bytes - free.reserve_bytes))
+                                       kv_bytes=max(0, free.free_bytes - free.reserve_bytes),
+                                       max_streams=_max_streams[0])
         return _pools[name]
+
+
+def limit_streams(count: int) -> None:
+    """The most streams a model's pool admits, for pools opened from now on and those open: the server's
+    `max_sessions`, so one number caps a server's sessions (the pool refuses past it what the server's count does)."""
+    with _adapters_lock:
+        _max_streams[0] = count
+        for pool in _pools.values():
+            pool.admission.max_streams = count
 
 
 def add_checkpoint(folder: str) -> str:

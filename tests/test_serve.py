@@ -224,3 +224,19 @@ def test_an_rtsp_camera_on_loopback_is_pulled_by_the_server_and_by_stream_qa(cli
     assert run.returncode == 0, run.stderr[-2000:]
     answers = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
     assert len(answers) == 1 and answers[0]["video_t"] > 0 and answers[0]["answer"], run.stdout
+
+
+def test_one_cap_a_servers_max_sessions_is_what_its_model_pools_admit():
+    """The server's count and the pool's admission are one number: `--max-sessions`, set at the app's creation on
+    the pools already open (and on those opened after it, `hosted.limit_streams`)."""
+    from serve.api import create_app
+    from serve.limits import ServerConfig
+    from streaming.hosted import limit_streams, shared_pool
+
+    pool = shared_pool("tiny-vlm")
+    try:
+        create_app(ServerConfig(max_sessions=3, preload=()))
+        assert pool.admission.max_streams == 3 and shared_pool("tiny-vlm") is pool
+    finally:
+        limit_streams(64)
+    assert pool.admission.max_streams == 64
