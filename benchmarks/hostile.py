@@ -91,6 +91,6 @@ def rounds(sessions, go_on) -> list[float]:
     while go_on(n):
         for text in QUESTIONS:
             times, _ = _at_once([lambda s=s, text=text: _ask_there(s, text) for s in sessions])
-            ttft += [first for first, _ in times]
+            ttft += [first for first, *_ in times]
         n += 1
     return ttft

@@ -15,7 +15,9 @@ RSS after each wave and its growth per wave after the first (a least-squares slo
 in the memory the ones before them gave back).
 """
 
+import base64
 import contextlib
+import json
 import statistics
 import tempfile
 import threading
@@ -158,7 +160,7 @@ def paired(clip: Path, urls: dict, n: int, rounds: int) -> dict:
                 for mode, sessions, ask in modes:
                     times, wall = _at_once([lambda s=s, ask=ask, text=text: ask(s, text) for s in sessions])
                     out[mode]["wall"] += wall
-                    for first, total in times:
+                    for first, total, *_ in times:
                         out[mode]["ttft"].append(first)
                         out[mode]["total"].append(total)
     finally:
@@ -201,8 +203,6 @@ def realtime_paired(url: str, n: int, rounds: int) -> dict:
     """n native sessions and n Realtime connections, each pushed the bundled clip's frames (PNG, 0-10 s: the last
     closes the 8-10 s clip) and asked once to warm; then question by question all n native sessions at once (SSE),
     then all n connections (raw WebSocket frames: the route's cost, not a client library's)."""
-    import json
-
     from websockets.sync.client import connect
 
     from streaming.remote import Client, encoded
@@ -221,12 +221,11 @@ def realtime_paired(url: str, n: int, rounds: int) -> dict:
             for t, frame in enumerate(frames):
                 session.push(frame, float(t))
                 ws.send(json.dumps({"type": "conversation.item.create", "item": _item("input_image", frame, t)}))
-            _ask_there(session, QUESTIONS[0], answers=True)
+            _ask_there(session, QUESTIONS[0])
             _ask_realtime(ws, QUESTIONS[0])
         for _ in range(rounds):
             for text in QUESTIONS:
-                for mode, asks in (("native (pushed)", [lambda s=s, q=text: _ask_there(s, q, answers=True)
-                                                        for s in native]),
+                for mode, asks in (("native (pushed)", [lambda s=s, q=text: _ask_there(s, q) for s in native]),
                                    ("realtime", [lambda ws=ws, q=text: _ask_realtime(ws, q) for ws in sockets])):
                     for first, total, answer in _at_once(asks)[0]:
                         out[mode]["ttft"].append(first)
@@ -242,8 +241,6 @@ def realtime_paired(url: str, n: int, rounds: int) -> dict:
 
 
 def _item(kind: str, value, t: float | None = None) -> dict:
-    import base64
-
     part = ({"type": "input_text", "text": value} if kind == "input_text" else
             {"type": "input_image", "image_url": "data:image/png;base64," + base64.b64encode(value).decode(), "t": t})
     return {"type": "message", "role": "user", "content": [part]}
@@ -251,8 +248,6 @@ def _item(kind: str, value, t: float | None = None) -> dict:
 
 def _until(ws, kind: str) -> tuple[dict, float | None]:
     """The next event of `kind`; and when a text delta came before it (None: none did)."""
-    import json
-
     first = None
     while True:
         event = json.loads(ws.recv(timeout=300))
@@ -264,10 +259,8 @@ def _until(ws, kind: str) -> tuple[dict, float | None]:
             return event, first
 
 
-def _ask_realtime(ws, text) -> tuple[float, float]:
+def _ask_realtime(ws, text) -> tuple[float, float, str]:
     """The same over /v1/realtime: the question's item and response.create sent, events read to response.done."""
-    import json
-
     t0 = time.perf_counter()
     ws.send(json.dumps({"type": "conversation.item.create", "item": _item("input_text", text)}))
     ws.send(json.dumps({"type": "response.create"}))
@@ -306,9 +299,9 @@ def _ask_here(session, text) -> tuple[float, float]:
     return (first or end) - t0, end - t0
 
 
-def _ask_there(session, text, answers: bool = False) -> tuple:
-    """The same through the server: the request sent, its server-sent events read to the answer's record (and,
-    with `answers`, the answer)."""
+def _ask_there(session, text) -> tuple[float, float, str]:
+    """The same through the server: the request sent, its server-sent events read to the answer's record; and the
+    answer."""
     t0, first, answer = time.perf_counter(), None, None
     for event, data in session.events(text):
         if event == "token" and first is None:
@@ -316,7 +309,7 @@ def _ask_there(session, text, answers: bool = False) -> tuple:
         if event == "answer":
             answer = data["answer"]
     end = time.perf_counter()
-    return ((first or end) - t0, end - t0) + ((answer,) if answers else ())
+    return (first or end) - t0, end - t0, answer
 
 
 def load(url: str, pid: int, clients: int, waves: int, headers: dict | None = None) -> list[dict]:

@@ -2,10 +2,6 @@
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-REALTIME_EVENTS = {"session.update", "conversation.item.create", "response.create", "response.cancel",
-                   "input_audio_buffer.append", "input_audio_buffer.commit", "input_audio_buffer.clear",
-                   "conversation.item.delete", "conversation.item.retrieve", "conversation.item.truncate",
-                   "output_audio_buffer.clear"}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -24,8 +20,8 @@ class Metrics:
         self.questions = Counter("stream_qa_questions", "Questions answered", registry=r)
         self.realtime_connections = Gauge("stream_qa_realtime_connections", "Realtime WebSocket connections open",
                                           registry=r)
-        self.realtime_events = Counter("stream_qa_realtime_events", "Realtime client events received, by type",
-                                       ["type"], registry=r)
+        self.realtime_events = Counter("stream_qa_realtime_events", "Realtime client events received, by type "
+                                       "(a type the protocol lacks: other)", ["type"], registry=r)
         self.realtime_frames = Counter("stream_qa_realtime_frames", "Frames pushed over Realtime connections",
                                        registry=r)
         self.refused = Counter("stream_qa_refused", "Requests refused with 429", ["reason"], registry=r)
@@ -35,11 +31,6 @@ class Metrics:
         self.ttft.observe(answer.ttft_s)
         if telemetry.get("ingest_speed"):
             self.ingest.observe(telemetry["ingest_speed"])
-
-    def realtime_event(self, kind: str) -> None:
-        """Counted by type; a type the protocol does not have is counted as "other" (a client cannot grow the
-        label set)."""
-        self.realtime_events.labels(kind if kind in REALTIME_EVENTS else "other").inc()
 
     def render(self, sessions) -> bytes:
         """The text exposition, session gauges read now."""

@@ -27,7 +27,7 @@ CHECKPOINTS: dict[str, str] = {}  # model name in the list → transformers chec
 _adapters: dict[str, object] = {}
 _pools: dict[str, SessionPool] = {}
 _adapters_lock = threading.Lock()
-_max_streams = [64]  # streams a model's pool admits: the server sets its --max-sessions here (`limit_streams`)
+_max_streams = 64  # streams a model's pool admits: the server sets its --max-sessions here (`limit_streams`)
 
 
 def shared_adapter(name: str):
@@ -49,15 +49,16 @@ def shared_pool(name: str) -> SessionPool:
             free = auto_budget(None, str(adapter.device))
             _pools[name] = SessionPool(adapter.model, adapter.tokenizer, unbounded=True,  # "full": the comparison
                                        kv_bytes=max(0, free.free_bytes - free.reserve_bytes),
-                                       max_streams=_max_streams[0])
+                                       max_streams=_max_streams)
         return _pools[name]
 
 
 def limit_streams(count: int) -> None:
     """The most streams a model's pool admits, for pools opened from now on and those open: the server's
     `max_sessions`, so one number caps a server's sessions (the pool refuses past it what the server's count does)."""
+    global _max_streams
     with _adapters_lock:
-        _max_streams[0] = count
+        _max_streams = count
         for pool in _pools.values():
             pool.admission.max_streams = count
 

@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from .checks import one_line
+from .errors import ConfigError
 
 
 class BadInput(ValueError):
@@ -106,8 +107,6 @@ def _type(f) -> type:
 def check_options(args, names: tuple[str, ...], limits: dict | None = None) -> None:
     """A command's settings options (`names`), each within its field's bounds and the command's own `limits`: the
     first that is not, as a one-line `ConfigError` naming its option."""
-    from .errors import ConfigError
-
     said = problem({k: getattr(args, k) for k in names}, limits, lambda key: "--" + key.replace("_", "-"))
     if said:
         raise ConfigError(said)

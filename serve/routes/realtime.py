@@ -34,9 +34,10 @@ from streaming.questions import MAX_QUESTION_CHARS
 from ..context import Server, token_accepted
 from ..schema import AskRequest
 from ..sessions import Refused
+from . import realtime_events as events
 from .media import decode_image, push
 from .questions import Answering, admit
-from .realtime_events import AUDIO_EVENTS, NOT_HERE, BadEvent, ClipClock, read_parts, read_session, text_only
+from .realtime_events import BadEvent, ClipClock
 
 router = APIRouter()
 TRY_AGAIN_LATER, POLICY_VIOLATION = 1013, 1008  # WebSocket close codes (RFC 6455, IANA registry)
@@ -83,10 +84,9 @@ class Connection:
         metrics = self.srv.metrics
         metrics.realtime_connections.inc()
         try:
-            if await self.start():
-                await self.serve_events()
-        except WebSocketDisconnect:
-            pass
+            with contextlib.suppress(WebSocketDisconnect):  # the client left: its session is closed below
+                if await self.start():
+                    await self.serve_events()
         finally:
             metrics.realtime_connections.dec()
             self.leaving = True
@@ -117,9 +117,8 @@ class Connection:
             else:
                 await self.open(Settings(model=model))
         except Refused as err:
-            retry = f"; retry in {err.retry_after:g} s" if err.retry_after else ""
             await self.refuse(TRY_AGAIN_LATER if err.status in (429, 503) else POLICY_VIOLATION,
-                              "rate_limit_exceeded" if err.status == 429 else "session_refused", err.message + retry)
+                              "rate_limit_exceeded" if err.status == 429 else "session_refused", events.said(err))
             return False
         await self.send("session.created", session=self.described())
         return True
@@ -141,9 +140,9 @@ class Connection:
         hosted = await self.srv.find(session_id)
         if hosted.pushed is None:
             raise Refused(409, f"this session pulls its own frames ({hosted.source['kind']}); it takes none pushed")
-        self.srv.realtime[hosted.id] = self
         if hosted.live.settings.model != model:
             raise Refused(409, f"this session runs {hosted.live.settings.model}, not {model}")
+        self.srv.realtime[hosted.id] = self
         self.hosted, self.stored_clips = hosted, hosted.live.engine.resume_at[0]
         self.clock = ClipClock(hosted.live.settings.clip_seconds)
 
@@ -187,15 +186,14 @@ class Connection:
                 raise BadEvent("invalid_event", "an event is a JSON object with a string 'type'")
             event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
             kind = event["type"]
-            self.srv.metrics.realtime_event(kind)
+            self.srv.metrics.realtime_events.labels(kind if kind in events.CLIENT_EVENTS else "other").inc()
             self.hosted.touch()
             await self.dispatch(kind, event)
         except BadEvent as err:
             await self.error(err.code, err.message, err.param, event_id)
         except Refused as err:
-            retry = f"; retry in {err.retry_after:g} s" if err.retry_after else ""
             code = "rate_limit_exceeded" if err.status == 429 else "invalid_request_error"
-            await self.error(code, err.message + retry, None, event_id)
+            await self.error(code, events.said(err), None, event_id)
         except (WebSocketDisconnect, asyncio.CancelledError):
             raise
         except Exception as err:  # a bug: the log has it, the client gets one line and keeps its connection
@@ -208,9 +206,9 @@ class Connection:
                     "response.create": self.response_create}
         if kind in handlers:
             return await handlers[kind](event)
-        if kind in AUDIO_EVENTS:
+        if kind in events.AUDIO_EVENTS:
             raise BadEvent("audio_not_supported", f"{kind}: this server takes images and text, not audio")
-        if kind in NOT_HERE:
+        if kind in events.NOT_HERE:
             raise BadEvent("unsupported_event", f"{kind} is not supported by this server")
         raise BadEvent("unknown_event", f"unknown event type {kind[:80]!r}; this server takes session.update, "
                                         "conversation.item.create, response.create")
@@ -218,7 +216,7 @@ class Connection:
     # --- session.update --------------------------------------------------------------------------
 
     async def session_update(self, event: dict) -> None:
-        settings, instructions = read_session(event.get("session"), self.hosted.live.settings, self.instructions)
+        settings, instructions = events.read_session(event.get("session"), self.hosted.live.settings, self.instructions)
         if settings != self.hosted.live.settings:
             await self.reopen(settings)
         self.instructions = instructions
@@ -253,7 +251,7 @@ class Connection:
         if item.get("role") != "user":
             raise BadEvent("invalid_item", "only user messages are taken (instructions go in session.update)",
                            "item.role")
-        frames, texts = read_parts(item.get("content"), self.config.max_upload_bytes)
+        frames, texts = events.read_parts(item.get("content"), self.config.max_upload_bytes)
         question = " ".join(self.question + texts)
         if len(question) > MAX_QUESTION_CHARS:
             raise BadEvent("invalid_value", f"a question of more than {MAX_QUESTION_CHARS} characters",
@@ -315,7 +313,7 @@ class Connection:
         response = event.get("response") or {}
         if not isinstance(response, dict):
             raise BadEvent("invalid_event", "response: an object", "response")
-        text_only(response, "response")
+        events.text_only(response, "response")
         if not self.question:
             raise BadEvent("no_question", "nothing to answer: send a user message with an input_text part first")
         at = self.clock.asked_at()

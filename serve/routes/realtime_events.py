@@ -18,6 +18,8 @@ AUDIO_EVENTS = ("input_audio_buffer.append", "input_audio_buffer.commit", "input
                 "output_audio_buffer.clear")
 NOT_HERE = {"conversation.item.delete", "conversation.item.retrieve", "conversation.item.truncate",
             "response.cancel", "transcription_session.update"}
+HANDLED = ("session.update", "conversation.item.create", "response.create")
+CLIENT_EVENTS = {*HANDLED, *AUDIO_EVENTS, *NOT_HERE}  # every type a metric counts by name (others: "other")
 # OpenAI's session fields this server reads or can leave aside; any other is refused
 SESSION_KEYS = {"type", "object", "id", "model", "instructions", "output_modalities", "max_output_tokens", "audio",
                 "tools", "tool_choice", "include", "tracing", "truncation", "prompt", "reasoning",
@@ -30,6 +32,11 @@ class BadEvent(Exception):
     def __init__(self, code: str, message: str, param: str | None = None):
         super().__init__(message)
         self.code, self.message, self.param = code, message, param
+
+
+def said(err: Refused) -> str:
+    """A route's refusal as an `error` event says it: its line, and when to retry."""
+    return err.message + (f"; retry in {err.retry_after:g} s" if err.retry_after else "")
 
 
 class ClipClock:
