@@ -92,6 +92,7 @@ def test_recall_policy_answers_about_an_evicted_clip_and_says_so(url):
     assert row["recalled"] == [{"clip": 1, "start": 0.0, "end": 2.0}]
 
 
+@pytest.mark.slow  # ~49 s on 2 cores: out of `make test`, run by `make test-slow` in CI
 def test_memory_stays_under_budget_while_the_full_cache_climbs(url):
     bounded, full = client(url), client(url)
     start(bounded)
@@ -165,6 +166,7 @@ def test_files_outside_the_app_cannot_be_read_through_the_api(url):
     assert urllib.request.urlopen(f"{url}/gradio_api/file={bundled_clip()}", timeout=10).status == 200
 
 
+@pytest.mark.slow  # ~36 s on 2 cores: out of `make test`, run by `make test-slow` in CI
 def test_an_idle_session_is_released_with_its_engine(tmp_path):
     """With `--idle 10`, a session nobody asks anything of is dropped: its engine's threads end and the
     API sees no session any more."""

@@ -116,6 +116,7 @@ def test_replayed_video_rounds_match_the_engine(vlm):
     assert [r["kv_mb"] for r in replayed] == pytest.approx([r["kv_mb"] for r in engine])
 
 
+@pytest.mark.slow  # ~23 s on 2 cores: out of `make test`, run by `make test-slow` in CI
 def test_tiny_arena_on_the_real_models(tmp_path, smol, vlm):
     model, tok = smol
     scale = Scale(context=256, fractions=(4,), ppl_tokens=128, retrieval_rounds=3, retrieval_seeds=1,

@@ -291,7 +291,10 @@ def test_token_counts_come_from_the_frame_size_a_source_announces(tmp_path):
     assert session.seen - before == announced - sep and announced != assumed
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+# a process per family (~15 s each): two in `make test`, the other four (each adapter tested in-process above) in
+# `make test-slow`
+@pytest.mark.parametrize("family", [f if f in ("qwen2_vl", "smolvlm") else pytest.param(f, marks=pytest.mark.slow)
+                                    for f in FAMILIES])
 def test_stream_qa_runs_a_2_layer_checkpoint_with_the_default_policy(family, tmp_path):
     """inf_mllm+recall, the default, scores spans in layers that follow the model's depth: on a 2-layer language
     model every clip is stored and recalled, and the run ends 0 with its answers."""

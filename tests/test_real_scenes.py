@@ -215,6 +215,7 @@ def test_each_contrast_asks_a_clip_that_holds_the_hard_negatives_thing():
     assert hard > 100 and contrasts == hard  # every hard negative has its "yes" right after it
 
 
+@pytest.mark.slow  # ~27 s on 2 cores: out of `make test`, run by `make test-slow` in CI
 def test_distractor_questions_are_asked_both_ways(vlm):
     """The held-out measure of that error (`evaluate_distractors`): both kinds drawn, and the thing that is
     in the asked clip as well as another one is recognised."""

@@ -244,6 +244,7 @@ def test_a_turn_that_fails_midway_leaves_the_session_as_it_was(smol):
 # --- tiny-vlm and stream-qa ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~42 s on 2 cores: out of `make test`, run by `make test-slow` in CI
 def test_the_library_call_reads_a_question_as_the_engine_does(vlm):
     """The README's library call (`answer(session, question)`: no caller resolves the words) on a recall session over
     real photos and footage: a cat photo, 24 clips of bikes.mp4 (the cat long evicted at budget 256), a rocket photo

@@ -57,6 +57,7 @@ def test_recomputing_every_linked_token_is_one_forward_over_them(vlm, frames):
 
 
 @torch.inference_mode()
+@pytest.mark.slow  # ~21 s on 2 cores: out of `make test`, run by `make test-slow` in CI
 def test_recomputing_no_linked_token_is_full_reuse(vlm, frames):
     """The selective forward with no row selected (its own positions and mask) is the plain question over the
     linked block as stored."""

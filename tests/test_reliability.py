@@ -18,6 +18,9 @@ OWN_PROCESS = {"cli env", "cli tty", "cli pipe", "cli stdin", "cli stdout", "cli
 IN_PROCESS = [c.name for c in CASES if c.where == "cli"]
 # stdin cases are their own processes; "non-UTF-8 on stdin" is already in test_stream_qa
 SUBPROCESS = [c.name for c in CASES if c.where in OWN_PROCESS and c.name != "non-UTF-8 on stdin"]
+# real-time playback, ~17 s each on 2 cores: SIGTERM stays in `make test` (and one signal each in test_stream_qa.py);
+# the other signals run in `make test-slow`
+SLOW_SIGNALS = {"SIGINT mid-answer", "SIGHUP mid-answer", "SIGQUIT mid-answer"}
 LIBRARY = [c.name for c in CASES if c.where == "library"]
 FAULTS = [c.name for c in CASES if c.where == "cli fault"]
 
@@ -73,7 +76,8 @@ def test_fault_case(name, tmp_path, capsys, shared_model, monkeypatch):
     assert result["ok"], (result, captured.err[-2000:])
 
 
-@pytest.mark.parametrize("name", SUBPROCESS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_SIGNALS else n
+                                  for n in SUBPROCESS])
 def test_terminal_pipe_and_stdin_case(name, tmp_path):
     result = run_subprocess(BY_NAME[name], tmp_path, timeout=240)
     assert result["ok"], result

@@ -31,6 +31,7 @@ def client(server):
     c.close()
 
 
+@pytest.mark.slow  # ~126 s on 2 cores: out of `make test`, run by `make test-slow` in CI
 def test_every_bad_request_gets_its_status_in_one_json_line_and_the_server_stays_up(server):
     url, media, process = server
     rows = run_rows(url, media, pid=process.pid)
@@ -94,6 +95,7 @@ def _records(stdout: str) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if k not in timing} for line in stdout.splitlines()]
 
 
+@pytest.mark.slow  # ~38 s on 2 cores: out of `make test`, run by `make test-slow` in CI
 def test_stream_qa_on_a_server_answers_what_it_answers_here(server):
     url, _, _ = server
     args = [sys.executable, "-m", "streaming.cli", "--fast", "--budget", "256", "--json"]
@@ -123,6 +125,7 @@ def test_openapi_docs_are_served(server):
     assert httpx.get(f"{url}/docs").status_code == 200
 
 
+@pytest.mark.slow  # ~31 s on 2 cores: out of `make test`, run by `make test-slow` in CI
 def test_a_session_with_a_folder_continues_in_a_new_server_after_a_kill(tmp_path):
     """kill -9 mid-stream: every answer delivered and every clip stored is there when the next server process
     continues the session at its next request; the client's next frames and questions go on."""
@@ -155,6 +158,7 @@ def test_a_session_with_a_folder_continues_in_a_new_server_after_a_kill(tmp_path
             session.state()  # closed by its client: never continued again
 
 
+@pytest.mark.slow  # ~26 s on 2 cores: out of `make test`, run by `make test-slow` in CI
 def test_at_twice_its_capacity_every_request_is_answered_or_refused_with_429(server):
     """A bounded load: 8 clients at once against 4 sessions (and 2 questions in flight), each opening, pushing the
     clip, asking three questions and closing; then the server is still up and holds nothing."""

@@ -287,7 +287,10 @@ def test_a_session_continues_on_a_new_connection_from_its_folder(server, frames)
         send(ws, {"type": "conversation.item.create", "item": text_item("what is on screen?")})
         send(ws, {"type": "response.create"})
         first = until(ws, "response.done")["response"]
-    with opened(url, f"model=tiny-vlm&session={session_id}") as ws:
+        with pytest.raises(ConnectionClosed) as closed, opened(url, f"session={session_id}") as second:
+            until(second, "session.created")  # one connection per session while the first is open
+        assert closed.value.rcvd.code == 1008 and "already has" in closed.value.rcvd.reason
+    with opened(url, f"model=tiny-vlm&session={session_id}") as ws:  # at once: the last one may still be closing
         created = until(ws, "session.created")["session"]
         assert created["id"] == session_id and created["stream_qa"]["stored_clips"] == 3  # 0-1, 2-3, 4-5
         send(ws, {"type": "conversation.item.create", "item": image_item(frames[0], 1.0)})  # before what is stored

@@ -199,7 +199,9 @@ def test_webcam_zero_if_present():
     time.sleep(0)
 
 
-@pytest.mark.parametrize("name", ["SIGHUP", "SIGQUIT"])
+# one signal each here and below (real-time playback: ~20 s a run); every signal's exit code, stop line and whole
+# answers are rows of the reliability table (tests/test_reliability.py)
+@pytest.mark.parametrize("name", ["SIGHUP"])
 def test_sighup_and_sigquit_stop_like_sigterm_with_every_answer_saved(name, tmp_path):
     """The terminal closing (SIGHUP) or Ctrl-\\ (SIGQUIT) mid-session: no dangling "A: ", exit 128 + n, and the
     session transcript holds every answer printed."""
@@ -244,6 +246,7 @@ def test_the_demo_asks_in_plain_words_and_recalls_the_start():
     assert when["source"] == "clip log" and re.fullmatch(r"at 0:0\d \(clip \d\)", when["answer"]), when
 
 
+@pytest.mark.slow  # ~57 s on 2 cores: out of `make test`, run by `make test-slow` in CI
 def test_several_sources_answer_in_one_run_each_as_it_would_alone():
     """Two real videos in one run (one pool, two streams): every answer labelled with its stream, and each stream's
     answers the ones that video gets alone."""
@@ -273,7 +276,7 @@ def test_several_sources_refuse_what_takes_one_in_one_line(tmp_path):
         assert out.returncode == 2 and words in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
-@pytest.mark.parametrize("name", ["SIGHUP", "SIGQUIT"])
+@pytest.mark.parametrize("name", ["SIGQUIT"])
 def test_a_stop_mid_answer_ends_stdout_at_a_line_boundary(name):
     """Text output: the signal comes right after a question's line, while its answer is being written; stdout ends
     with a whole line, and an answer the stop cut is marked as cut."""

@@ -22,7 +22,6 @@ import json
 import sys
 import time
 import traceback
-import uuid
 from collections import deque
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
@@ -41,10 +40,7 @@ from .realtime_events import BadEvent, ClipClock
 
 router = APIRouter()
 TRY_AGAIN_LATER, POLICY_VIOLATION = 1013, 1008  # WebSocket close codes (RFC 6455, IANA registry)
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+RECONNECT_GRACE_S = 2.0  # how long a resume waits for the session's last connection to see its client's close
 
 
 class Connection:
@@ -65,7 +61,7 @@ class Connection:
 
     async def send(self, kind: str, **body) -> None:
         async with self._send:  # the answer's task and the event loop both send
-            await self.ws.send_text(json.dumps({"type": kind, "event_id": _id("event"), **body}))
+            await self.ws.send_text(json.dumps({"type": kind, "event_id": events.new_id("event"), **body}))
 
     async def error(self, code: str, message: str, param: str | None = None, event_id: str | None = None) -> None:
         kind = "invalid_request_error" if code not in ("server_error", "rate_limit_exceeded") else code
@@ -132,10 +128,12 @@ class Connection:
 
     async def resume(self, session_id: str, model: str) -> None:
         other = self.srv.realtime.get(session_id)
-        if other is not None and not other.leaving:
-            raise Refused(409, "this session already has a Realtime connection")
-        if other is not None:  # a client reconnecting at once: its last connection is still closing the session
+        if other is not None:  # a client reconnecting at once can arrive before its last connection saw the close
             with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(other.closed.wait(), timeout=RECONNECT_GRACE_S)
+            if not other.leaving:
+                raise Refused(409, "this session already has a Realtime connection")
+            with contextlib.suppress(TimeoutError):  # it is closing the session: wait for that
                 await asyncio.wait_for(other.closed.wait(), timeout=30)
         hosted = await self.srv.find(session_id)
         if hosted.pushed is None:
@@ -264,7 +262,7 @@ class Connection:
             echo.append({"type": "input_image", "t": t, "kept": kept, "bytes": len(data)})
         self.question += texts
         echo += [{"type": "input_text", "text": text} for text in texts]
-        item_id = item.get("id") if isinstance(item.get("id"), str) and len(item["id"]) <= 64 else _id("item")
+        item_id = item.get("id") if isinstance(item.get("id"), str) and len(item["id"]) <= 64 else events.new_id("item")
         await self.send("conversation.item.created", previous_item_id=None, item={
             "id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": "completed",
             "content": echo})
@@ -329,7 +327,7 @@ class Connection:
 
     async def stream(self, answering: Answering) -> None:
         """The answer as OpenAI streams text: created, the item and its part added, deltas, then each done."""
-        rid, iid = _id("resp"), _id("item")
+        rid, iid = events.new_id("resp"), events.new_id("item")
         where = {"response_id": rid, "item_id": iid, "output_index": 0, "content_index": 0}
         item = {"id": iid, "object": "realtime.item", "type": "message", "role": "assistant", "content": []}
         response = {"id": rid, "object": "realtime.response", "output_modalities": ["text"],

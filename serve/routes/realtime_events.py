@@ -1,6 +1,7 @@
 """What a Realtime client's events may carry (`routes/realtime.py`), read and checked before anything is done:
 the session settings of a `session.update`, a user message's parts, and where the answerable video ends."""
 
+import uuid
 from dataclasses import replace
 
 from pydantic import ValidationError
@@ -32,6 +33,10 @@ class BadEvent(Exception):
     def __init__(self, code: str, message: str, param: str | None = None):
         super().__init__(message)
         self.code, self.message, self.param = code, message, param
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
 
 def said(err: Refused) -> str:
