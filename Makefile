@@ -86,10 +86,9 @@ test: setup corpus
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not browser"
 
-# long runs (stream_ppl's resume reads the corpus) and the app in Chromium; few long tests: spread one by one, those
-# sharing an expensive fixture (xdist_group) on one worker
+# long runs (stream_ppl's resume reads the corpus) and the app in Chromium; few long tests: spread one by one
 test-slow: setup corpus chromium rtsp
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadgroup -m "slow or browser"
+	$(PY) -m pytest -q -n $(WORKERS) --dist worksteal -m "slow or browser"
 
 bench-quick: setup corpus
 	$(PY) -m benchmarks stream_ppl --quick --out benchmarks/results/quick

@@ -148,26 +148,14 @@ def held_out_accuracy(vlm):
     return evaluate(vlm, builder, n=300, contexts=(8,), progress=False)
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("held_out_accuracy")  # one worker evaluates the fixture once (~7 min)
-def test_accuracy_does_not_fall_below_the_committed_model(held_out_accuracy):
-    """A floor a little under what the committed weights measured (see benchmarks/results/HISTORY.md)."""
+@pytest.mark.slow  # one test reads the evaluation (~7 min): two would each make it, on their own pytest-xdist worker
+def test_held_out_accuracy_keeps_its_floor_and_goals_and_reports_the_8_image_goal(held_out_accuracy):
+    """A floor a little under what the committed weights measured (see benchmarks/results/HISTORY.md), the
+    single-image goals, then the 8-images-in-context goal, not met yet: an expected failure while it is not."""
     acc = held_out_accuracy
     assert acc["all"] >= 0.97 and acc["yes/no"] >= 0.96, acc  # measured 0.980 and 0.973 on these questions
     assert acc["colour"] >= 0.97 and acc["shape"] >= 0.97 and acc["ctx8"] >= 0.78, acc  # 1.0, 1.0, 0.813
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("held_out_accuracy")  # one worker evaluates the fixture once (~7 min)
-def test_single_image_accuracy_goals_on_held_out_questions(held_out_accuracy):
-    acc = held_out_accuracy
-    assert acc["all"] >= 0.93, acc
-    assert min(acc["colour"], acc["shape"], acc["yes/no"]) >= 0.90, acc
-
-
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue goal not met yet: with 8 images in context these 300 questions give "
-                   "0.813 (CPU); see benchmarks/results/HISTORY.md")
-@pytest.mark.xdist_group("held_out_accuracy")  # one worker evaluates the fixture once (~7 min)
-def test_eight_images_in_context_goal_on_held_out_questions(held_out_accuracy):
-    assert held_out_accuracy["ctx8"] >= 0.85, held_out_accuracy
+    assert acc["all"] >= 0.93 and min(acc["colour"], acc["shape"], acc["yes/no"]) >= 0.90, acc  # the goals
+    if acc["ctx8"] < 0.85:
+        pytest.xfail(f"issue goal not met yet: with 8 images in context these 300 questions give {acc['ctx8']:.3f} "
+                     "(0.813 on CPU when committed); see benchmarks/results/HISTORY.md")
