@@ -236,8 +236,8 @@ def test_a_full_disk_at_each_kind_of_write_keeps_the_answers_coming(tmp_path, ca
 @pytest.mark.slow
 def test_every_write_of_a_longer_session_crashes_and_fills_the_disk(tmp_path, capsys, monkeypatch, shared_model,
                                                                       descriptors):
-    """5 clips and 2 answers: a crash or a full disk at every write point, taking turns (the 2-clip session has
-    both kinds at each point above)."""
+    """5 clips and 2 answers: a crash or a full disk at every write point, taking turns (above, the 2-clip session
+    is crashed at every point and filled at the first write of each file)."""
     inject(tmp_path, LONG, capsys, monkeypatch, descriptors, ("crash", "enospc"), alternate=True)
 
 
