@@ -76,6 +76,6 @@ def clip_seen(chat: Chat | None) -> dict:
     clip = getattr(chat, "shown", None)
     if clip is None:
         return {}
-    keep = ("seen", "objects", "boxes")
+    keep = ("seen", "objects", "counted_at", "boxes")
     return {"clip": clip.index, "start": clip.start, "end": clip.end} | {
         k: v for k, v in clip.encoded.meta.items() if k in keep}

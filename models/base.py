@@ -104,7 +104,7 @@ class VideoAdapter(ABC):
             from .detector import shared  # lazy: the TFLite runtime loads on the first clip
 
             objects = shared().clip(frames)
-            encoded.meta.update(objects.meta())
+            encoded.meta.update(objects.meta(timestamps))
             encoded.meta.setdefault("seen", ", ".join(objects.counts) or "nothing recognised")
         return encoded
 

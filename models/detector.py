@@ -170,9 +170,21 @@ class ClipObjects:
         """"2 persons", "bicycle": how the clip log says it."""
         return [f"{n} {plural(w)}" if n > 1 else w for w, n in self.counts.items()]
 
-    def meta(self) -> dict:
-        """The clip log's fields: `objects` (word → count), `boxes` (the last frame's, for drawing)."""
-        return {"objects": dict(self.counts), "boxes": [b.as_dict() for b in (self.frames[-1] if self.frames else [])]}
+    def meta(self, times=()) -> dict:
+        """The clip log's fields: `objects` (word → count), `boxes` (the last frame's, for drawing) and, given the
+        frames' video times, `counted_at` (word → the time of the last frame that shows the clip's count: the frame
+        an answer about how many can name)."""
+        out = {"objects": dict(self.counts), "boxes": [b.as_dict() for b in (self.frames[-1] if self.frames else [])]}
+        if self.frames and len(times) == len(self.frames):
+            out["counted_at"] = {w: self.frame_time(w, n, times) for w, n in self.counts.items()}
+        return out
+
+    def frame_time(self, word: str, n: int, times) -> float:
+        """The time of the last frame that found `n` of `word` (a median between two counts: the last that found
+        any)."""
+        found = [(float(t), sum(b.word == word for b in boxes)) for t, boxes in zip(times, self.frames, strict=True)]
+        exact = [t for t, k in found if k == n] or [t for t, k in found if k] or [found[-1][0]]
+        return exact[-1]
 
 
 def plural(word: str) -> str:

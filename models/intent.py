@@ -20,7 +20,7 @@ the server) and the library's `VideoAdapter.ask` on a session with recall (`Vide
 import contextlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 _NUM = r"(\d+(?:\.\d+)?)"
@@ -185,7 +185,17 @@ def _runs(hits: list[dict]) -> list[list[dict]]:
 
 
 def resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
-    """The clips that answer `intent`, from the clip log (metas in clip order) at video time `now`."""
+    """The clips that answer `intent`, from the clip log (metas in clip order) at video time `now`; for "how many",
+    the frame the count was read in too ("1 person in the frame at 0:06")."""
+    resolution = _resolve(intent, log, now)
+    word, n, meta = _count(intent, resolution)
+    if word and n and "counted_at" in meta and word in meta["counted_at"]:
+        return replace(resolution, why=f"{resolution.why}; {_many(word, n)} in the frame at "
+                                       f"{clock(meta['counted_at'][word])}")
+    return resolution
+
+
+def _resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
     log = sorted(log, key=lambda m: m["clip"])
     if not log:
         return Resolution([], None, "no clip yet")
@@ -280,17 +290,29 @@ def log_answer(intent: Intent, resolution: Resolution) -> str | None:
 def number(intent: Intent, resolution: Resolution) -> str | None:
     """How many of a thing the detector counted in the clip a question looks at (the newest for "now"), when the
     thing is one it names (`counted`); None otherwise (the model answers: tiny-vlm cannot count)."""
-    meta = resolution.targets[-1] if resolution.targets else resolution.latest
-    if meta is None or "objects" not in meta or not intent.things:
+    word, n, meta = _count(intent, resolution)
+    if word is None:
         return None
+    if not n:  # none counted: "none", unless the clip's other words name one (the classifier's)
+        return f"at least 1 ({word} named, none counted)" if sees(meta, word) else "none"
+    return _many(word, n)
+
+
+def _many(word: str, n: int) -> str:
+    return f"{n} {'people' if word == 'person' and n > 1 else word if n == 1 else word + 's'}"
+
+
+def _count(intent: Intent, resolution: Resolution) -> tuple[str | None, int, dict | None]:
+    """(the counted word asked about, the detector's count of it, the clip counted in) for a "how many" question
+    about a clip with detections; (None, 0, None) otherwise."""
+    meta = resolution.targets[-1] if resolution.targets else resolution.latest
+    if intent.kind != "number" or meta is None or "objects" not in meta:
+        return None, 0, None
     for thing in intent.things:
         for word in singular(thing):
             if word in counted():
-                n = meta["objects"].get(word, 0)
-                if not n:  # none counted: "none", unless the clip's other words name one (the classifier's)
-                    return f"at least 1 ({word} named, none counted)" if sees(meta, word) else "none"
-                return f"{n} {'people' if word == 'person' and n > 1 else word if n == 1 else word + 's'}"
-    return None
+                return word, meta["objects"].get(word, 0), meta
+    return None, 0, None
 
 
 @lru_cache(maxsize=1)

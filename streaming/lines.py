@@ -8,7 +8,7 @@ from .provenance import notes
 
 def clip_record(meta: dict) -> dict:
     """What `--json --clips` prints of a clip: its times, words and the detector's objects and boxes."""
-    return {k: meta[k] for k in ("clip", "start", "end", "seen", "objects", "boxes") if k in meta}
+    return {k: meta[k] for k in ("clip", "start", "end", "seen", "objects", "counted_at", "boxes") if k in meta}
 
 
 def clip_line(clip, session, telemetry, objects: bool = True) -> str:

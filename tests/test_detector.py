@@ -57,6 +57,11 @@ def test_clip_vote_counts_by_median_and_drops_single_frames():
     assert vote(frames, sure=0.45).counts == {"person": 2, "dog": 1}  # once, but sure enough
     assert objects.words() == ["2 persons"]
     assert objects.meta()["boxes"][0]["word"] == "person"
+    assert "counted_at" not in objects.meta()  # no frame times given
+    # the frame a count can be read in: the last that shows it (a sure dog found once: that frame)
+    assert vote(frames, sure=0.45).meta([4.0, 5.0, 6.0, 7.0])["counted_at"] == {"person": 7.0, "dog": 5.0}
+    assert vote([[person], [person, person], [person, person, person]]).meta([0.0, 1.0, 2.0])["counted_at"] == \
+        {"person": 1.0}  # the median, 2, seen at 1 s
     assert vote([[dog]]).counts == {"dog": 1}  # a one-frame clip needs one vote
 
 
@@ -74,8 +79,11 @@ def test_a_model_without_words_gets_the_detections_in_its_clip_log():
     adapter.append_clip(session, encoded, 1, 4.0, 8.0)
     reading = adapter.read_question("did you see a person?", session.store.clips(), 8.0)
     assert reading.direct == "yes, last at 0:04 (clip 1)"
-    assert adapter.read_question("how many people are there?", session.store.clips(), 8.0).direct.endswith(
-        ("person", "people"))
+    counting = adapter.read_question("how many people are there?", session.store.clips(), 8.0)
+    assert counting.direct.endswith(("person", "people"))
+    at = encoded.meta["counted_at"]["person"]  # the provenance names the frame the count was read in
+    assert at in (4.0, 5.0, 6.0, 7.0)
+    assert counting.resolution.why.endswith(f"{counting.direct} in the frame at 0:0{at:.0f}")
     adapter.detect = False
     assert "objects" not in adapter.see(frames, [4.0, 5.0, 6.0, 7.0]).meta  # --no-detect
 

@@ -181,6 +181,15 @@ def test_how_many_is_read_off_the_detections(text, log, answer):
     assert log_answer(intent, resolve(intent, log, log[-1]["end"])) == answer
 
 
+def test_how_many_names_the_frame_it_was_counted_in():
+    log = [dict(m) for m in COUNTED[:2]]
+    log[1]["counted_at"] = {"person": 6.0, "bicycle": 7.0}
+    intent = read("how many people are there?")
+    assert resolve(intent, log, 8.0).why == "the present: clip 2's detections; 1 person in the frame at 0:06"
+    intent = read("how many people were there at the start?")  # clip 1 keeps no frame times: the clip alone
+    assert resolve(intent, log, 8.0).why == "the start: clip 1 (0:00-0:04)"
+
+
 def test_a_log_without_detections_leaves_how_many_to_the_model():
     intent = read("how many people are there?")
     assert intent.kind == "number"
