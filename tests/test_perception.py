@@ -130,6 +130,17 @@ def test_tiles_find_the_bicycle_on_a_real_frame_of_bikes(lite0):
     assert "bicycle" not in frame_only
 
 
+def test_without_tiles_the_detector_names_the_cyclist_the_whole_frame_misses(lite0):
+    """`detect+person` (no tiles: half the ingest CPU, for a slower machine): at 4.5 s of bikes.mp4 the whole frame
+    reads "tram"; the object detector adds the cyclist, his bicycle and the van (as a car)."""
+    frame = frame_at("bikes.mp4", 4.5)[None]
+    _, whole = lite0.encode(frame)
+    without = [L.display(i, True) for i in Perceiver("person", lite0.net)(frame, whole)]
+    detected = [L.display(i, True) for i in Perceiver("detect+person", lite0.net)(frame, whole)]
+    assert "bicycle" not in without and detected[:len(without)] == without  # the classifier's labels come first
+    assert {"person", "bicycle", "car"} <= set(detected)
+
+
 def test_classifier_batches_give_the_probabilities_of_one_plain_batch(lite0):
     """The classifier runs channels-last batches of 4 views for speed; its probabilities are those of one
     plain (NCHW) batch of all the views, to float rounding, so no label moves."""

@@ -22,9 +22,13 @@ perception` measures them):
 - `detect`: the object detector's things (`models/detector.py`: a person, a bicycle, a car, a cup, … found in at
   least two of the clip's frames) after the classifier's labels, those that name something new (issue 60).
 
-`DEFAULT` is `tiles@0.2+person` (tiles named from 0.2, a person from clothing or a face, more everyday
-words): on the hand-annotated clips it names the bicycle, the person and the scooter that the whole
-frame misses, with fewer wrong labels, for ~105 ms more CPU per frame. It was `tiles+person` (tiles
+`DEFAULT` is `detect+tiles@0.2+person` (issue 60): the classifier's mix below, then the detector's things.
+`detect+person` is the same without tiles: half the ingest CPU on a 2-core AVX2 CPU (158 against 293 ms a frame),
+bicycle recall 0.35 against 0.50 (`benchmarks/results/README.md`, "ingest" and "perception"); not the default.
+
+The classifier's mix, `tiles@0.2+person` (the default of stops 36–58: tiles named from 0.2, a person from clothing or
+a face, more everyday words): on the hand-annotated clips it names the bicycle, the person and the scooter that the
+whole frame misses, with fewer wrong labels, for ~105 ms more CPU per frame. It was `tiles+person` (tiles
 from 0.3), with which the weights trained on `frame` answered better while easy-VQA was unchanged
 (`benchmarks/results/HISTORY.md`, "perception"); the committed weights then trained 80 more steps on
 its words, and the threshold went to 0.2 for bikes.mp4's parked bicycle (a tile reads "tandem
@@ -94,6 +98,7 @@ PRESETS = {
     "tiles@0.2+person": Perception(tiles=True, tile_threshold=0.2, person=True, faces=True, more_words=True),
     "detect+tiles@0.2+person": Perception(tiles=True, tile_threshold=0.2, person=True, faces=True, more_words=True,
                                           detect=True),
+    "detect+person": Perception(person=True, faces=True, more_words=True, detect=True),  # no tiles: for a slower CPU
 }
 DEFAULT = "detect+tiles@0.2+person"  # the classifier's measured mix, then the detector's new things (issue 60)
 
