@@ -33,7 +33,7 @@ def main(argv=None) -> int:
                         help="override the budgets (stream_ppl, retrieval, arena; video_qa: the first)")
     parser.add_argument("--model", help="natural: another model (models.ADAPTERS, e.g. chat-univi-tiny: a model whose "
                         "turns carry no words, so the clip log holds only the object detector's)")
-    parser.add_argument("--perception", help="tiny_vlm, real_scenes: a tiny-vlm perception preset "
+    parser.add_argument("--perception", help="tiny_vlm, real_scenes, natural: a tiny-vlm perception preset "
                         "(models/tiny_vlm/perception.py; default: the model's)")
     parser.add_argument("--resume", action="store_true",
                         help="stream_ppl: continue the run stopped in --out (checkpoints every 64K tokens); "

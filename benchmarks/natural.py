@@ -388,7 +388,8 @@ def run(args):
     table = pieces()
     order = compose(rng, clips)
     asks = plan_questions(rng, order, table, n_questions)
-    vlm = load_adapter(args.model) if getattr(args, "model", None) else TinyVLM()
+    vlm = (load_adapter(args.model) if getattr(args, "model", None)
+           else TinyVLM(perception=getattr(args, "perception", None)))
     visual = encode_pieces(vlm)
     policies = args.policies or POLICIES
     rows, memory = [], []
