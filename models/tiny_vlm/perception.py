@@ -24,7 +24,8 @@ perception` measures them):
 
 `DEFAULT` is `detect+tiles@0.2+person` (issue 60): the classifier's mix below, then the detector's things.
 `detect+person` is the same without tiles: half the ingest CPU on a 2-core AVX2 CPU (158 against 293 ms a frame),
-bicycle recall 0.35 against 0.50 (`benchmarks/results/README.md`, "ingest" and "perception"); not the default.
+bicycle recall 0.35 against 0.50, and 0.59 of the natural hour's 300 answers right against 0.69
+(`benchmarks/results/README.md`, "ingest" and "perception"); not the default.
 
 The classifier's mix, `tiles@0.2+person` (the default of stops 36–58: tiles named from 0.2, a person from clothing or
 a face, more everyday words): on the hand-annotated clips it names the bicycle, the person and the scooter that the
