@@ -4,6 +4,7 @@ clip, and the chat's lines."""
 import pandas as pd
 
 from models.detector import plural
+from streaming.lines import clip_record
 
 from .chat import Chat
 
@@ -76,6 +77,4 @@ def clip_seen(chat: Chat | None) -> dict:
     clip = getattr(chat, "shown", None)
     if clip is None:
         return {}
-    keep = ("seen", "objects", "counted_at", "boxes")
-    return {"clip": clip.index, "start": clip.start, "end": clip.end} | {
-        k: v for k, v in clip.encoded.meta.items() if k in keep}
+    return clip_record(clip.encoded.meta | {"clip": clip.index, "start": clip.start, "end": clip.end})

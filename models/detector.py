@@ -181,10 +181,9 @@ class ClipObjects:
 
     def frame_time(self, word: str, n: int, times) -> float:
         """The time of the last frame that found `n` of `word` (a median between two counts: the last that found
-        any)."""
+        any; a counted word was found in one frame at least)."""
         found = [(float(t), sum(b.word == word for b in boxes)) for t, boxes in zip(times, self.frames, strict=True)]
-        exact = [t for t, k in found if k == n] or [t for t, k in found if k] or [found[-1][0]]
-        return exact[-1]
+        return ([t for t, k in found if k == n] or [t for t, k in found if k])[-1]
 
 
 def plural(word: str) -> str:
