@@ -84,11 +84,11 @@ WORKERS ?= 2
 # the README's test command (under 20 min on a fresh 2-core machine); CI also runs test-slow
 test: setup corpus
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not browser"
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not browser" --durations=20
 
 # long runs (stream_ppl's resume reads the corpus) and the app in Chromium; few long tests: spread one by one
 test-slow: setup corpus chromium rtsp
-	$(PY) -m pytest -q -n $(WORKERS) --dist worksteal -m "slow or browser"
+	$(PY) -m pytest -q -n $(WORKERS) --dist worksteal -m "slow or browser" --durations=30
 
 bench-quick: setup corpus
 	$(PY) -m benchmarks stream_ppl --quick --out benchmarks/results/quick

@@ -305,25 +305,26 @@ def test_streaming_sets_passive_openmp_waiting_with_a_short_spin_before_torch_lo
 
 
 @pytest.mark.slow
-def test_ci_soak_of_300_rounds_beside_a_full_cache(vlm, tmp_path, monkeypatch):
-    """The CI-sized soak: `python -m jetson soak` (in this process, on the shared tiny-vlm) for 300 one-second
-    rounds of a small looped video, then the full cache capped at 4x the budget's memory. Bounded: KV within
-    budget + one turn + one answer at every sample, every answer given, RSS flat after the warm-up (a loose
-    bound here; the committed 10,000-round soak measures the slope). Full: climbs to its cap and stops."""
-    import models
-    from jetson.__main__ import main
+def test_ci_soak_of_150_rounds_beside_a_full_cache(tmp_path):
+    """The CI-sized soak: `python -m jetson soak`, in a process of its own (a pytest worker's RSS moves with the
+    tests before it: -0.13 MB/round in CI at 882236a), for 150 one-second rounds of a small looped video, then the
+    full cache capped at 4x the budget's memory. Bounded: KV within budget + one turn + one answer at every
+    sample, every answer given, RSS not climbing after the warm-up (a loose bound here; the committed
+    10,000-round soak measures the slope). Full: climbs to its cap and stops."""
     from jetson.reliability import write_video
 
-    monkeypatch.setattr(models, "load_adapter", lambda name, path=None, device="cpu": vlm)
     video = write_video(tmp_path / "loop.mp4", 64, 64, frames=8, fps=2.0)
-    code = main(["soak", str(video), "--rounds", "300", "--budget", "128", "--max-new-tokens", "4",
-                 "--question-every", "25", "--sample-s", "0.5", "--compare-full", "4", "--out", str(tmp_path),
-                 "--name", "ci"])
+    out = subprocess.run([sys.executable, "-m", "jetson", "soak", str(video), "--rounds", "150", "--budget", "128",
+                          "--max-new-tokens", "4", "--question-every", "25", "--sample-s", "0.5",
+                          "--compare-full", "4", "--out", str(tmp_path), "--name", "ci"],
+                         capture_output=True, text=True, timeout=900)
+    code = out.returncode
+    assert code in (0, 1), out.stderr[-800:]
     bounded, full = json.loads((tmp_path / "ci_verdict.json").read_text())
-    assert bounded["rounds"] == 300 and bounded["answers"] == bounded["expected_answers"] == 11
+    assert bounded["rounds"] == 150 and bounded["answers"] == bounded["expected_answers"] == 5
     assert bounded["empty_answers"] == 0  # at budget 64 (window 16) tiny-vlm's answers went empty after ~60 rounds
     assert bounded["kv_within_bound"] and not bounded["oom_events"]
-    assert abs(bounded["rss_slope_mb_per_round"]) < 0.05, bounded
+    assert bounded["rss_slope_mb_per_round"] < 0.05, (bounded, out.stdout)  # a leak climbs
     rows = [json.loads(line) for line in (tmp_path / "ci.jsonl").read_text().splitlines()]
     assert max(r["kv_tokens"] for r in rows if r["policy"] == "inf_mllm") <= bounded["kv_bound_tokens"]
     assert full["policy"] == "full_capped" and full["stopped"].startswith("cap reached")

@@ -197,9 +197,11 @@ def first_write_of_each_file(calls) -> list[int]:
     return sorted(firsts.values())
 
 
-def inject(tmp_path, args, capsys, monkeypatch, die, modes, every: bool = True, alternate: bool = False) -> list[dict]:
+def inject(tmp_path, args, capsys, monkeypatch, die, modes, every: bool = True, alternate: bool = False,
+           skip: float = 0.0) -> list[dict]:
     """A clean run counts the writes; then a fault at every one of them (or, `every=False`, at the first write
-    of each kind of file), each followed by a resume. `alternate`: one fault per point, the modes taking turns."""
+    of each kind of file), each followed by a resume. `alternate`: one fault per point, the modes taking turns.
+    `skip`: the share of the writes at the start faulted only at the first write of each kind of file."""
     clean = Faults()
     code, printed, err = run([str(bundled_clip()), "--session", str(tmp_path / "clean"), *args], capsys, clean,
                              monkeypatch)
@@ -207,7 +209,8 @@ def inject(tmp_path, args, capsys, monkeypatch, die, modes, every: bool = True, 
     assert code == 0 and len(printed) == args.count("--ask"), err[-800:]
     ops = {op for op, _ in clean.calls}
     assert {"mkdir", "lock", "create", "write", "fsync", "rename", "open"} <= ops, ops
-    points = range(len(clean.calls)) if every else first_write_of_each_file(clean.calls)
+    firsts = first_write_of_each_file(clean.calls)
+    points = sorted(set(firsts) | set(range(int(len(clean.calls) * skip), len(clean.calls)))) if every else firsts
     runs = [(modes[i % len(modes)], at) for i, at in enumerate(points)] if alternate else \
         [(mode, at) for mode in modes for at in points]
     results = [check_point(tmp_path, at, mode, args, capsys, monkeypatch, die) for mode, at in runs]
@@ -236,9 +239,9 @@ def test_a_full_disk_at_each_kind_of_write_keeps_the_answers_coming(tmp_path, ca
 @pytest.mark.slow
 def test_every_write_of_a_longer_session_crashes_and_fills_the_disk(tmp_path, capsys, monkeypatch, shared_model,
                                                                       descriptors):
-    """5 clips and 2 answers: a crash or a full disk at every write point, taking turns (above, the 2-clip session
-    is crashed at every point and filled at the first write of each file)."""
-    inject(tmp_path, LONG, capsys, monkeypatch, descriptors, ("crash", "enospc"), alternate=True)
+    """5 clips and 2 answers: a crash or a full disk at every write point after the first third (whose clips the
+    2-clip session above is crashed at every point of) and at the first write of each file, taking turns."""
+    inject(tmp_path, LONG, capsys, monkeypatch, descriptors, ("crash", "enospc"), alternate=True, skip=1 / 3)
 
 
 @pytest.mark.slow
