@@ -1,8 +1,11 @@
 """`python -m app` (`make ui`): serve the chat on 127.0.0.1 (GRADIO_SERVER_NAME / GRADIO_SERVER_PORT honoured)."""
 
+import streaming.offline  # noqa: F401, I001  (first: before gradio or the hub client loads)
+
 import argparse
 import os
 
+from models.quiet import quiet_loaders
 from streaming.checks import one_line
 from streaming.service import IDLE_CLOSE_S
 
@@ -21,7 +24,11 @@ def main(argv=None) -> None:
                    help="video seconds per second when no player reports its position (API clients)")
     p.add_argument("--hf", action="append", default=[], metavar="DIR",
                    help="also offer this transformers checkpoint folder (LLaVA-OneVision, SmolVLM2) as a model")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="the model loaders' own progress bars and messages on stderr too (hidden by default)")
     args = p.parse_args(argv)
+    if not args.verbose:
+        quiet_loaders()
     for folder in args.hf:
         try:
             print(f"offering {add_checkpoint(folder)}")

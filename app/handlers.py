@@ -16,7 +16,7 @@ from streaming.sources import CaptureSource, SourceError, bundled_clip
 
 from .chat import BadInput, Chat, Settings
 from .sources import BrowserCamera, PlaybackSource
-from .views import numbers, say, series, sighted, sighted_label
+from .views import memory_note, numbers, say, series, sighted, sighted_label
 
 VIDEO_TYPES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi"}
 TRANSCRIPTS = Path(tempfile.gettempdir()) / "inf_mllm_app"
@@ -59,9 +59,25 @@ def write_transcript(chat: Chat) -> str:
 
 
 def answered(stamp: str, a) -> str:
-    """An answer's chat line: the answer, then its timings, KV size and what was looked up and linked."""
-    return (f"{stamp}{a.answer}\n\n*{a.ttft_s:.2f} s to first token · {a.tokens_per_s:.0f} tokens/s · "
-            f"{a.kv_tokens} KV tokens · {notes(a)}*")
+    """An answer's chat line: the answer, then its timings, KV size and what was looked up and linked. An answer
+    read off the clip log decoded no token, so it shows no decoding speed (it would read 0 tokens/s)."""
+    logged = a.source != "model"
+    said = [f"{a.ttft_s:.2f} s to first token", "read off the clip log" if logged else f"{a.tokens_per_s:.0f} tokens/s",
+            f"{a.kv_tokens} KV tokens", notes(a).removesuffix("; read off the clip log") if logged else notes(a)]
+    return f"{stamp}{a.answer}\n\n*{' · '.join(p for p in said if p)}*"
+
+
+def looped(chat) -> str | None:
+    """A chat notice the first time the looping player starts the clip again: the page's video time keeps counting
+    past the clip's length, which would otherwise puzzle a viewer (the numbers line shows the lap from then on).
+    Held back while a question is being answered, whose chat update would otherwise overwrite it."""
+    source = getattr(chat, "source", None)
+    if not isinstance(source, PlaybackSource) or source.lap < 1 or chat.__dict__.get("lap_said") or chat.in_flight:
+        return None
+    chat.lap_said = True
+    return (f"↻ {chat.label} looped: lap {source.lap + 1} begins at video time {source.now():.1f} s. Video time keeps "
+            f"counting past the clip's {source.duration:.1f} s and the cache takes the frames in again as new video; "
+            f"the numbers line shows the lap.")
 
 
 class Handlers:
@@ -162,14 +178,22 @@ class Handlers:
 
     @staticmethod
     def tick(video: gr.Video, chat, history, boxes_on):
+        """The plots (shown from a session's first sample on, in place of the note before it), the numbers, the
+        chat's notices and the detector's view."""
         position = getattr(video, "playback_position", None) if video is not None else None
         if chat is not None and position is not None and isinstance(chat.source, PlaybackSource):
             chat.source.report(position)
         # an empty frame would leave the plot blank for good (Gradio 6.31), so no data: no update
-        plots = series(chat) if chat else (gr.skip(),) * 3
+        if chat is not None:
+            tokens, mb, process = series(chat)
+            plots = (gr.update(value=tokens, visible=True), gr.update(value=mb, visible=True),
+                     gr.update(value=process, visible=True, caption=memory_note(chat)), gr.update(visible=False))
+        else:
+            plots = (gr.skip(),) * 4
         notices, chat_out = chat.notices if chat else [], gr.skip()
-        if notices:
-            for n in notices:
+        said = [*notices, *filter(None, [looped(chat)])]
+        if said:
+            for n in said:
                 history = say(history, n)
             notices.clear()
             chat_out = history

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from streaming.sources import FileSource, Frame, FrameSource
+from streaming.sources import FileSource, Frame, FrameSource, handed_over
 
 
 class PlaybackSource(FrameSource):
@@ -52,8 +52,20 @@ class PlaybackSource(FrameSource):
             return (self.clock() - self.started) * self.speed
         return self.lap * self.duration + self.position
 
+    next_t: float | None = None  # the frame waiting for the player: every frame before it has been released
+    yielded_t: float | None = None  # the newest frame released
+
+    def done_through(self, t: float) -> bool:
+        return self.next_t is not None and self.next_t > t
+
+    def asked_at(self) -> float:
+        """The player's position, at most a frame past the newest frame released (an ingest behind the player is
+        waited for a frame, not until it catches up)."""
+        return handed_over(self.now(), self.yielded_t, 1 / self.file.fps)
+
     def __iter__(self) -> Iterator[Frame]:
         for frame in self.file:
+            self.next_t = frame.t
             t0 = self.clock()
             while self.now() < frame.t and not self.stop.is_set():
                 self.waits += 1
@@ -62,6 +74,7 @@ class PlaybackSource(FrameSource):
             self.waited_s += self.clock() - t0
             if self.stop.is_set():
                 return
+            self.yielded_t = frame.t
             yield frame
 
 
@@ -81,6 +94,9 @@ class BrowserCamera(FrameSource):
         self.started, self.next_t, self.ended = None, 0.0, None
         self.received = 0
         self.waited_s = 0.0  # time spent waiting for the page's frames, left out of the ingest speed
+
+    def asked_at(self) -> float | None:
+        return None if self.started is None else self.clock() - self.started
 
     def push(self, rgb: np.ndarray) -> None:
         """One frame from the page; frames beyond the sampling rate are not kept."""

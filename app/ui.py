@@ -18,7 +18,7 @@ from streaming.sources import bundled_clip
 
 from .chat import MODELS, Settings
 from .handlers import Handlers
-from .views import clip_seen, numbers, sighted, sighted_label
+from .views import COLOURS, clip_seen, memory_note, numbers, sighted, sighted_label
 
 DEFAULTS = Settings()  # the controls start at a hosted session's own defaults (streaming/settings.py)
 
@@ -26,11 +26,17 @@ CLIPS = ("bikes.mp4", "bigbuckbunny.mp4", "carphone_pristine.mp4")
 KINDS = ("Bundled clip", "Upload", "Device camera", "Browser camera")
 MODEL_GROUP = "model"
 MODEL_EVENTS = 8  # tabs starting or asking at once; their model work meets in the session pool
+# fonts from Gradio's own copies (it serves them from its static folder), then the system's: a GoogleFont (some
+# themes' choice) would have every page load fetch fonts.googleapis.com
+THEME = dict(font=(gr.themes.LocalFont("Source Sans Pro"), "ui-sans-serif", "system-ui", "sans-serif"),
+             font_mono=(gr.themes.LocalFont("IBM Plex Mono"), "ui-monospace", "Consolas", "monospace"))
 
 
 def build(idle_s: float = IDLE_CLOSE_S, max_upload_mb: float = 200, clock_speed: float = 1.0) -> gr.Blocks:
     handlers = Handlers(max_upload_mb, clock_speed)
-    with gr.Blocks(title="Inf-MLLM streaming video chat") as demo:
+    # analytics off: with it on, making the Blocks asks api.gradio.app for a newer version and the Blocks and its
+    # launch report themselves to huggingface.co (streaming/offline.py turns the same off for every process)
+    with gr.Blocks(title="Inf-MLLM streaming video chat", analytics_enabled=False) as demo:
         chat = gr.State(None, time_to_live=idle_s, delete_callback=handlers.release)
         gr.Markdown("## Streaming video chat · bounded KV cache (Inf-MLLM)")
         page = layout(max_upload_mb)
@@ -72,13 +78,15 @@ def layout(max_upload_mb: float) -> SimpleNamespace:
             stats = gr.Markdown(numbers(None), elem_id="stats")
             transcript = gr.File(label="Transcript (JSON lines, as stream-qa --json)", interactive=False)
     with gr.Row():
-        kv = {"KV cache": "#2563eb", "full cache, same clips": "#f97316", "budget": "#dc2626"}
-        plot = dict(x="video_s", y="value", color="series", x_title="video time (s)", height=260)
-        tokens_plot = gr.LinePlot(title="KV cache (tokens per layer)", y_title="tokens", elem_id="tokens-plot",
-                                  color_map=kv, **plot)
-        mb_plot = gr.LinePlot(title="KV cache (MB)", y_title="MB", elem_id="mb-plot",
-                              color_map={k: v for k, v in kv.items() if k != "budget"}, **plot)
-        process_plot = gr.LinePlot(title="Process memory (MB)", y_title="MB", elem_id="process-plot", **plot)
+        graphs_note = gr.Markdown("**Memory graphs** (the KV cache in tokens and in MB, the process's memory) appear "
+                                  "here once a session runs: pick a source and press **Start**.", elem_id="graphs-note")
+        # memory from zero; hidden until a session has a sample to plot (each draws its series in views.series' order)
+        plot = dict(x="video_s", y="value", color="series", x_title="video time (s)", y_lim=[0, None], color_title="",
+                    visible=False, color_map=COLOURS)
+        tokens_plot = gr.LinePlot(title="KV cache (tokens per layer)", y_title="tokens", elem_id="tokens-plot", **plot)
+        mb_plot = gr.LinePlot(title="KV cache (MB)", y_title="MB", elem_id="mb-plot", **plot)
+        process_plot = gr.LinePlot(title="Process memory (MB)", y_title="MB", elem_id="process-plot",
+                                   caption=memory_note(None), **plot)
     return SimpleNamespace(**{k: v for k, v in locals().items() if isinstance(v, gr.components.Component)})
 
 
@@ -103,7 +111,7 @@ def wire(handlers: Handlers, chat: gr.State, p: SimpleNamespace) -> None:
     p.question.submit(**asked, api_name=False)
     timer = gr.Timer(1.0)
     timer.tick(handlers.tick, [p.player, chat, p.chatbot, p.boxes_on],
-               [p.tokens_plot, p.mb_plot, p.process_plot, p.stats, p.chatbot, p.seen],
+               [p.tokens_plot, p.mb_plot, p.process_plot, p.graphs_note, p.stats, p.chatbot, p.seen],
                api_name=False, concurrency_limit=None, show_progress="hidden")
     p.boxes_on.change(lambda c, on: gr.update(value=sighted(c, on), label=sighted_label(c), visible=on),
                       [chat, p.boxes_on], p.seen, api_name=False, show_progress="hidden")
@@ -124,6 +132,8 @@ def launch(port: int | None = None, block: bool = True, **kwargs) -> gr.Blocks:
     allowed = [str(bundled_clip(c)) for c in CLIPS]
     max_mb = kwargs.get("max_upload_mb", 200)
     # Gradio refuses far larger uploads itself; up to twice the limit the chat explains the limit
+    # share off whatever GRADIO_SHARE says: a share link tunnels the page through gradio.live (and downloads frpc)
     demo.launch(server_name=host, server_port=port, allowed_paths=allowed, max_file_size=f"{2 * max_mb:.0f}mb",
-                show_error=True, quiet=False, prevent_thread_lock=not block)
+                show_error=True, quiet=False, prevent_thread_lock=not block, share=False,
+                theme=gr.themes.Default(**THEME))
     return demo

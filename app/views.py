@@ -7,46 +7,100 @@ from models.detector import plural
 from streaming.lines import clip_record
 
 from .chat import Chat
+from .sources import PlaybackSource
 
 MAX_POINTS = 400  # per plotted line
+KV, FULL, RSS, GPU = "KV cache", "full cache, same clips", "RSS", "torch (GPU)"
+STORE, STORE_CAP, WEIGHTS = "span store", "store bound", "weights"  # short: four fit in one row of the legend
+# a plot's colour for each series: a limit paler than the line it limits
+COLOURS = {KV: "#2563eb", FULL: "#f97316", "budget": "#fca5a5", RSS: "#1e3a8a", STORE: "#16a34a",
+           STORE_CAP: "#86efac", WEIGHTS: "#9ca3af", GPU: "#9333ea"}
 
 
 def say(history: list, text: str, role: str = "assistant") -> list:
     return [*history, {"role": role, "content": text}]
 
 
+def store_of(chat: Chat | None):
+    """The recall store holding every clip's KV (None: a policy without recall, or a closed session)."""
+    session = getattr(chat, "session", None)
+    return getattr(session, "store", None) if session is not None else None
+
+
+def weights_mb(chat: Chat) -> float:
+    """The model's parameters and buffers: loaded once per process, shared by every tab's session."""
+    model = chat.adapter.model
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers())) / 2**20
+
+
 def series(chat: Chat | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Long-format frames for the three plots: KV tokens, KV megabytes, process memory."""
-    rows: tuple[list, list, list] = ([], [], [])
-    samples = chat.samples if chat else []
+    """Long-format frames for the three plots: KV tokens, KV megabytes, process memory. Each frame holds its
+    series one after another, in the order the plot draws them (the first drawn lowest), so where lines meet the
+    one that matters is seen."""
+    lines: tuple[dict, dict, dict] = ({}, {}, {})
+    store = store_of(chat)
+    samples = list(chat.samples) if chat else []
+    weights = weights_mb(chat) if chat else None
     stride = max(1, len(samples) // MAX_POINTS)  # hours of video: every k-th sample, and always the last
-    for s in samples[::stride] + ([samples[-1]] if (len(samples) - 1) % stride else []):
-        x = s["video_s"]
-        rows[0].extend([(x, s["kv_tokens"], "KV cache"), (x, s["full_tokens"], "full cache, same clips")])
-        if s["budget_tokens"]:
-            rows[0].append((x, s["budget_tokens"], "budget"))
-        rows[1].extend([(x, s["kv_mb"], "KV cache"), (x, s["full_mb"], "full cache, same clips")])
-        rows[2].append((x, s["rss_mb"], "process RSS"))
-        if s["torch_mb"] is not None:
-            rows[2].append((x, s["torch_mb"], "torch allocated (GPU)"))
-    return tuple(pd.DataFrame(r, columns=["video_s", "value", "series"]).astype({"video_s": float, "value": float})
-                 for r in rows)
+    for i in [*range(0, len(samples), stride), *([len(samples) - 1] if (len(samples) - 1) % stride else [])]:
+        s = samples[i]
+        points = ((0, "budget", s["budget_tokens"] or None), (0, FULL, s["full_tokens"]), (0, KV, s["kv_tokens"]),
+                  (1, FULL, s["full_mb"]), (1, KV, s["kv_mb"]),
+                  (2, STORE_CAP, store.ram_cap / 2**20 if store is not None and store.ram_cap else None),
+                  (2, WEIGHTS, weights), (2, STORE, s.get("store_mb")), (2, GPU, s["torch_mb"]), (2, RSS, s["rss_mb"]))
+        for plot, name, value in points:
+            if value is not None:
+                lines[plot].setdefault(name, []).append((s["video_s"], value, name))
+    columns = ["video_s", "value", "series"]
+    return tuple(pd.DataFrame([row for rows in by_name.values() for row in rows], columns=columns)
+                 .astype({"video_s": float, "value": float}) for by_name in lines)
+
+
+def lap(chat: Chat, video_s: float) -> str:
+    """Which play of a looping clip the video time is in ("" on the first): video time keeps counting across laps."""
+    source = chat.source
+    if not isinstance(source, PlaybackSource) or not source.duration or video_s <= source.duration:
+        return ""
+    return f" (lap {int(video_s // source.duration) + 1} of the {source.duration:.0f}-s clip)"
+
+
+def last_answer(chat: Chat) -> str:
+    a = chat.transcript[-1] if chat.transcript else None
+    if a is None:
+        return "none yet: type a question"
+    if a.source != "model":
+        return f"read off the clip log in {a.ttft_s:.2f} s"
+    return f"{a.ttft_s:.2f} s to first token · {a.tokens_per_s:.1f} tokens/s"
 
 
 def numbers(chat: Chat | None) -> str:
     if chat is None:
         return "No session yet: pick a source and press **Start**."
-    t, s = chat.telemetry(), chat.samples[-1]
+    t, s, store = chat.telemetry(), chat.samples[-1], store_of(chat)
+    budget = chat.settings.budget if chat.budget_tokens else "none"
+    if chat.budget_tokens and str(chat.budget_tokens) != str(budget).strip():
+        budget = f"{budget} = {chat.budget_tokens} tokens"
+    ingest = f"{t['ingest_speed']:.1f}× real time when busy" if t["ingest_speed"] else "–"
+    kept = "" if store is None else f" · span store {store.ram_bytes / 2**20:.0f}" + (
+        f" of {store.ram_cap / 2**20:.0f} MB" if store.ram_cap else " MB (no bound)")
+    return (f"**video** {t['video_s']:.1f} s{lap(chat, t['video_s'])} · **clips** {t['clips']} "
+            f"(dropped {t['dropped']}) · **ingest** {ingest}  \n"
+            f"**KV** {s['kv_tokens']} tokens a layer, {s['kv_mb']:.1f} MB (budget {budget}) · "
+            f"**RSS** {s['rss_mb']:.0f} MB: weights {weights_mb(chat):.0f} MB{kept}  \n"
+            f"**last answer** {last_answer(chat)}")
 
-    def fmt(v, spec, unit=""):
-        return "–" if v is None else f"{v:{spec}}{unit}"
 
-    return (f"**video** {t['video_s']:.1f} s · **clips** {t['clips']} (dropped {t['dropped']}) · "
-            f"**TTFT** {fmt(t['ttft_s'], '.2f', ' s')} · **tokens/s** {fmt(t['tokens_per_s'], '.1f')} · "
-            f"**ingest** {fmt(t['ingest_speed'], '.1f', '× real time')} · "
-            f"**KV** {s['kv_tokens']} tok / {s['kv_mb']:.1f} MB "
-            f"(budget {chat.settings.budget if chat.budget_tokens else 'none'}) · "
-            f"**RSS** {s['rss_mb']:.0f} MB")
+def memory_note(chat: Chat | None) -> str:
+    """Why process memory climbs and where it stops: the process plot's caption."""
+    store = store_of(chat)
+    if store is None:
+        return ("RSS: the model weights, the KV cache, and the runtime with the freed memory its allocator keeps"
+                + ("" if chat is None else "; this policy keeps no span store"))
+    video_s, held, cap = chat.engine.video_t, store.ram_bytes / 2**20, (store.ram_cap or 0) / 2**20
+    bound = ("no bound" if not cap else f"bound {cap:.0f} MB" if held >= 0.99 * cap or not held else
+             f"bound {cap:.0f} MB, reached near {cap * video_s / held / 60:.0f} min of video")
+    return (f"RSS: model weights {weights_mb(chat):.0f} MB + span store, every clip's KV kept for recall "
+            f"({held:.0f} MB; {bound}) + KV cache + the runtime with the freed memory its allocator keeps")
 
 
 def sighted(chat: Chat | None, on: bool = True):

@@ -9,7 +9,9 @@ lock), link_modes (a linked clip's KV reused, partly recomputed or re-encoded, o
 (what linking costs per reuse mode as a clip's visual tokens grow), ingest (1 and 4 real-time streams' ingest speed
 with the object detector), hostile (4 well-behaved server sessions' time to first token while the hostile
 reliability rows run against the same server) and decode_ab (a lone session's and a pool's decode speed, this
-checkout against `--old-tree`, interleaved). latency, hf_models, compiled_decode, sdpa_backends,
+checkout against `--old-tree`, interleaved), now (answers about the frames sent and about the present, through
+stream-qa, the app's path, the server's native, chat-completions and Realtime routes). latency, hf_models,
+compiled_decode, sdpa_backends,
 streams and link_time take `--shape` (a randomly initialised 7B-sized model) and `--device`."""
 
 import argparse
@@ -19,7 +21,8 @@ import sys
 
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
          "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural", "fingerprint",
-         "recall_path", "streams", "serve", "hf_template", "link_modes", "link_time", "ingest", "hostile", "decode_ab")
+         "recall_path", "streams", "serve", "hf_template", "link_modes", "link_time", "ingest", "hostile", "decode_ab",
+         "now")
 
 
 def main(argv=None) -> int:
@@ -44,7 +47,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--rounds", type=int, help="latency: timed rounds per state (default 9; 3 with --quick); "
                         "link_time: timed questions per clip size (default 9); decode_ab: rounds per side (default 5)")
-    parser.add_argument("--old-tree", help="prefill, recall_path, decode_ab: also time the checkout in this folder "
+    parser.add_argument("--old-tree", help="prefill, recall_path, decode_ab, now: also run the checkout in this folder "
                         "(e.g. `git worktree add DIR 57ad80a`, the commit before issue 23) in its own process, turn by "
                         "turn with the rest; fingerprint: compare this checkout's fingerprints with that one's")
     args = parser.parse_args(argv)

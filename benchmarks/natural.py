@@ -12,23 +12,25 @@ cat?" (photos shown earlier, and things never shown: "no"), `when` "when did the
 `before` "what did you see just before the horse?", `start` "what was on screen at the start?",
 `ago` "what did you see a minute ago?", `count` "how many times did you see a cat?".
 
-Each question's target is the clip that answers it (the latest showing for "did you see", the first
-for "when"); its age is how long ago that clip ended. Reported per policy, at budget 512 (about 11
-clip turns: anything older than ~45 s has left the cache): accuracy per question type and per age
-(`on screen`, `<1 min`, `1-5 min`, `5-20 min`, `20-60 min`); the same over the questions whose target
-clip's perception named the thing asked about (`recognised`: memory measured apart from the
-classifier's misses); the false-link rate (present questions that linked a stored clip); the
-rate of answers naming a thing, or saying yes to one, that the target clip's own words do not hold
-(`not in the target's words`; naming one that no clip's words hold at all: `hallucination`); the rate of
-"no" answers beside a provenance line that found the thing (`contradicts its provenance`);
-time to first token. Policies: `inf_mllm` (no recall), `inf_mllm+recall` (links the clips the words
-resolve to), `inf_mllm+recall_keys` (links by the question's keys past the gate, as for models whose
-turns carry no words; the question is still phrased by the words), and `inf_mllm+recall_oracle` (the
-clips the truth names are linked: the ceiling of recall). `+mpic`, `+blend` and `+reencode` after a recall
-part recompute part or all of each linked clip with the question (MPIC-k, CacheBlend-r, re-encoding; recall.py),
-reported with the median time to first token of the questions that linked. `POLICY@library` asks the same questions
-through the library call the README shows (`adapter.answer(session, question)`, no caller resolving
-the words first): the path every caller shares, measured apart.
+Each question's target is the clip that answers it (the latest showing for "did you see", the first for "when"); its
+age is how long ago that clip ended. Reported per policy, at budget 512 (about 11 clip turns: anything older than
+~45 s has left the cache): accuracy per question type and per age (`on screen`, `<1 min`, `1-5 min`, `5-20 min`,
+`20-60 min`); the same over the questions whose target clip's perception named the thing asked about (`recognised`:
+memory measured apart from the classifier's misses); the false-link rate (present questions that linked a stored
+clip); the rate of answers naming a thing, or saying yes to one, that the target clip's own words do not hold (`not
+in the target's words`; naming one that no clip's words hold at all: `hallucination`); the rate of "no" answers
+beside a provenance line that found the thing (`contradicts its provenance`); the share of "what" answers that are a
+faithful copy of their target clip's words (`faithful copy (what)`: every item named is one of that clip's, spelled
+as it holds it; `natural_scores.faithful`), and of the words of the clip the answer is about as the question's words
+resolve it (`faithful to the clip it is about`: the newest where they resolve none, as for "before" a thing never
+recognised); time to first token. Policies: `inf_mllm` (no recall), `inf_mllm+recall` (links the clips the words
+resolve to), `inf_mllm+recall_keys` (links by the question's keys past the gate, as for models whose turns carry no
+words; the question is still phrased by the words), and `inf_mllm+recall_oracle` (the clips the truth names are
+linked: the ceiling of recall). `+mpic`, `+blend` and `+reencode` after a recall part recompute part or all of each
+linked clip with the question (MPIC-k, CacheBlend-r, re-encoding; recall.py), reported with the median time to first
+token of the questions that linked. `POLICY@library` asks the same questions through the library call the README
+shows (`adapter.answer(session, question)`, no caller resolving the words first): the path every caller shares,
+measured apart.
 
 The clips are encoded once (the montage reuses 4-s pieces), so a policy's run is its prefills and
 answers only. Writes `natural.json` (records), `natural_rows.json` (every answer) and `natural.png`.
@@ -37,7 +39,6 @@ answers only. Writes `natural.json` (records), `natural_rows.json` (every answer
 import json
 import random
 import re
-import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,13 +49,13 @@ from tqdm import tqdm
 
 from models import load_adapter
 from models.intent import sees
-from models.tiny_vlm.labels import mentioned, words_of
 from models.tiny_vlm.model import TinyVLM
 from models.tiny_vlm.scenes import _video_path, article, frames_at, video_shape
 from streaming.engine import Answer, Clip, TurnEngine
 from streaming.questions import Question
 
 from .common import machine, print_table, record, rss_mb, write
+from .natural_scores import PRESENT, contradicts, faithful, plot, summarize, unsupported  # noqa: F401 (PRESENT: link_modes)
 from .real_scenes import PHOTOS, clip_frames, photo
 
 CLIP_S = 4.0
@@ -75,8 +76,6 @@ SYNONYMS = {p.thing: p.synonyms for p in PHOTOS.values() if p.thing} | {
     "car": ("car", "taxi", "cab", "jeep", "minivan", "limousine", "convertible", "station wagon", "police van"),
     "person": ("person", "man", "woman", "people"), "bicycle": ("bicycle", "bike", "unicycle", "tandem"),
     "motorcycle": PHOTOS["motorcycle"].synonyms, "rabbit": ("rabbit", "bunny", "hare")}
-AGES = ((0, "on screen"), (60, "<1 min"), (300, "1-5 min"), (1200, "5-20 min"), (float("inf"), "20-60 min"))
-PRESENT = ("now_is", "now_what")
 
 
 @dataclass(frozen=True)
@@ -261,24 +260,6 @@ def perceived(ask: Ask, seen: list[str], order, table, log: dict[int, dict]) -> 
     return any(sees(words, s) for t in things for s in SYNONYMS[t])
 
 
-def unsupported(ask: Ask, answer: str, seen: list[str]) -> bool:
-    """An answer that names a thing, or says yes to one, that the given clips' words do not hold: with
-    the target clips' words, a wrong clip's or an invented thing; with every clip's so far, a
-    hallucination (a thing never recognised at all)."""
-    a = answer.strip().lower()
-    if ask.kind in ("when", "count"):
-        return False
-    words = {"seen": " ".join(seen).lower()}
-    if ask.expected in ("yes", "no"):
-        return a.startswith("yes") and not sees(words, ask.thing)
-    named = {w for i in mentioned(a, more=True) for w in words_of(i, more=True) if re.search(rf"\b{w}\b", a)}
-    return any(not sees(words, w) for w in named)
-
-
-def age_bucket(seconds: float) -> str:
-    return next(label for limit, label in AGES if seconds <= limit)
-
-
 def library_answer(vlm, session, text: str) -> Answer:
     """The question asked as the README's library call asks it (`adapter.answer(session, question)`: no words
     resolved by a caller), recorded as the engine records an answer; the clip log answered it if the model was
@@ -294,12 +275,6 @@ def library_answer(vlm, session, text: str) -> Answer:
     recalled = [{"clip": meta["clip"]} for _, meta in session.last_recalled] if model else []
     return Answer(video_t=0.0, question=text, answer=said, ttft_s=ttft, tokens_per_s=0.0, kv_tokens=session.kv_tokens,
                   kv_mb=0.0, rss_mb=0.0, recalled=recalled, looked_up=why, source="model" if model else "clip log")
-
-
-def contradicts(answer: str, looked_up: str) -> bool:
-    """A "no" beside a provenance line that found the thing asked about ("last cat: clip 12 (0:44-0:48)")."""
-    found = re.match(r"(?:first|last) [\w-]+: clip \d+", looked_up)
-    return answer.strip().lower().startswith("no") and found is not None
 
 
 def run_policy(vlm, policy: str, order, visual, asks, table, bar) -> list[dict]:
@@ -320,6 +295,10 @@ def run_policy(vlm, policy: str, order, visual, asks, table, bar) -> list[dict]:
                     engine.answer(Question(ask.text, float(ask.at)))
                 log = {m["clip"] - 1: m for m in engine.log}
                 seen = [log[j].get("seen", "") for j in ask.target if j in log]
+                # the clip the answer is about, as the words resolve it (the newest where they resolve none)
+                reading = vlm.read_question(ask.text, session.store.clips(), (k + 1) * CLIP_S) if path == "library" \
+                    else engine.read(Question(ask.text, float(ask.at)))
+                about = [m.get("seen", "") for m in reading.resolution.targets or engine.log[-1:]]
                 age = (k - max(ask.target)) * CLIP_S if ask.target else None
                 recognised = perceived(ask, seen, order, table, log)
                 rows.append({"policy": policy, "kind": ask.kind, "question": ask.text, "at_s": (k + 1) * CLIP_S,
@@ -331,54 +310,12 @@ def run_policy(vlm, policy: str, order, visual, asks, table, bar) -> list[dict]:
                              "unsupported": unsupported(ask, answer.answer, seen),
                              "hallucinates": unsupported(ask, answer.answer, [m.get("seen", "") for m in log.values()]),
                              "contradicts": contradicts(answer.answer, answer.looked_up),
-                             })
+                             "faithful": faithful(ask.expected, answer.answer, seen), "about": about,
+                             "faithful_about": faithful(ask.expected, answer.answer, about)})
     store_mb = session.store.ram_bytes / 2**20 if session.store is not None else 0.0
     return rows, [record("natural", policy, BUDGET, "kv_mb", session.kv_bytes / 2**20, "KV cache at the end"),
                   record("natural", policy, BUDGET, "kv_mb", store_mb, "span store in RAM at the end"),
                   record("natural", policy, BUDGET, "rss_mb", rss_mb(), "process at the end")]
-
-
-def summarize(rows: list[dict]) -> list[dict]:
-    recs = []
-    for policy in dict.fromkeys(r["policy"] for r in rows):
-        mine = [r for r in rows if r["policy"] == policy]
-
-        def acc(group, x, policy=policy):
-            if group:
-                recs.append(record("natural", policy, BUDGET, "accuracy", statistics.mean(r["ok"] for r in group), x))
-                recs.append(record("natural", policy, BUDGET, "questions", len(group), x))
-
-        for kind in dict.fromkeys(r["kind"] for r in mine):
-            acc([r for r in mine if r["kind"] == kind], kind)
-        model = [r for r in mine if r["source"] == "model"]
-        for _, label in AGES:
-            acc([r for r in model if r["age_s"] is not None and age_bucket(r["age_s"]) == label], f"age {label}")
-            acc([r for r in model if r["recognised"] and r["age_s"] is not None and age_bucket(r["age_s"]) == label],
-                f"recognised, age {label}")
-        acc([r for r in model if r["kind"] not in PRESENT and r["age_s"] and r["age_s"] > 45], "evicted (>45 s)")
-        acc([r for r in model if r["kind"] in PRESENT], "present")
-        acc([r for r in model if r["recognised"] and r["kind"] not in PRESENT and r["age_s"] and r["age_s"] > 45],
-            "recognised, evicted (>45 s)")
-        acc([r for r in model if r["recognised"] and r["kind"] in PRESENT], "recognised, present")
-        acc(mine, "all")
-        present = [r for r in mine if r["kind"] in PRESENT]
-        recs.append(record("natural", policy, BUDGET, "rate", statistics.mean(bool(r["linked"]) for r in present),
-                           "false links (present)"))
-        recs.append(record("natural", policy, BUDGET, "rate", statistics.mean(r["hallucinates"] for r in mine),
-                           "hallucination"))
-        recs.append(record("natural", policy, BUDGET, "rate", statistics.mean(r["unsupported"] for r in mine),
-                           "not in the target's words"))
-        recs.append(record("natural", policy, BUDGET, "rate", statistics.mean(r["contradicts"] for r in mine),
-                           "contradicts its provenance"))
-        for kind in ("model", "clip log"):
-            times = [r["ttft_s"] for r in mine if r["source"] == kind]
-            if times:
-                recs.append(record("natural", policy, BUDGET, "ttft_s", statistics.median(times), f"median, {kind}"))
-        times = [r["ttft_s"] for r in model if r["linked"]]  # what a recall mode's recompute costs
-        if times:
-            recs.append(record("natural", policy, BUDGET, "ttft_s", statistics.median(times), "median, linking"))
-            recs.append(record("natural", policy, BUDGET, "questions", len(times), "linking"))
-    return recs
 
 
 def run(args):
@@ -398,36 +335,10 @@ def run(args):
             bar.set_postfix_str(policy)
             got, mem = run_policy(vlm, policy, order, visual, asks, table, bar)
             rows, memory = rows + got, memory + mem
-    recs = summarize(rows) + memory
+    recs = summarize(rows, BUDGET) + memory
     out = Path(args.out)
     write(out, "natural", recs, [])
     (out / "natural_rows.json").write_text(json.dumps({"machine": machine(), "clips": clips, "order": order,
                                                        "rows": rows}, indent=1))
-    plot(out / "natural.png", recs)
+    plot(out / "natural.png", recs, BUDGET)
     print_table(recs, ["accuracy", "questions", "rate", "ttft_s", "kv_mb", "rss_mb"])
-
-
-def plot(path: Path, recs: list[dict]) -> None:
-    from streaming.records import pyplot
-
-    plt = pyplot()
-    policies = list(dict.fromkeys(r["policy"] for r in recs))
-    groups = [("question type", [x for x in dict.fromkeys(r["x"] for r in recs if r["metric"] == "accuracy")
-                                 if not x.startswith(("age", "recognised", "evicted", "present", "all"))]),
-              ("age of the clip asked about (recognised)", [f"recognised, age {label}" for _, label in AGES])]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
-    for ax, (title, xs) in zip(axes, groups, strict=True):
-        width = 0.8 / len(policies)
-        for p, policy in enumerate(policies):
-            vals = {r["x"]: r["value"] for r in recs if r["policy"] == policy and r["metric"] == "accuracy"}
-            ax.bar([i + p * width for i in range(len(xs))], [vals.get(x, 0) for x in xs], width, label=policy)
-        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(xs))])
-        ax.set_xticklabels([x.replace("recognised, age ", "") for x in xs], rotation=30, ha="right")
-        ax.set_ylim(0, 1)
-        ax.set_title(title)
-        ax.set_ylabel("accuracy")
-    axes[0].legend(fontsize=8)
-    fig.suptitle(f"plain-words questions over {len(recs) and 'an hour of'} real footage, budget {BUDGET}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -86,8 +86,11 @@ def bucket(back: int) -> str:
 def run_one(vlm, video: Path, asks, policy: str, budget: int | None, cfg: dict, cap_bytes: int | None, bar):
     session = vlm.new_session(policy, budget=budget, **cfg)
     engine = TurnEngine(vlm, session, clip_seconds=CLIP_S, max_new_tokens=4)
-    schedule = Schedule([Question(named(q, j), CLIP_S * k) for k, (j, q) in enumerate(asks, start=1)])
-    target = {CLIP_S * k: j for k, (j, _) in enumerate(asks, start=1)}
+    # round k's question half a second before clip k+1's first frame: it sees clip k whole and none of the next (one
+    # asked at that first frame's time would see the frame too: a question sees every frame up to its time)
+    times = [CLIP_S * k - 0.5 for k in range(1, len(asks) + 1)]
+    schedule = Schedule([Question(named(q, j), t) for t, (j, q) in zip(times, asks, strict=True)])
+    target = {t: j for t, (j, _) in zip(times, asks, strict=True)}
     engine.oracle = lambda question: (lambda meta, j=target[question.at]: meta.get("clip") == j)
     per_round, oom, evicted = [], None, []
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .decoding import eos_set, pick
+from .decoding import Phrases, eos_set, pick
 
 
 @dataclass
@@ -52,9 +52,19 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     generator: torch.Generator | None = None
+    constraint: Phrases | None = None  # which tokens may come next (batch 1); None: any
+
+    @property
+    def plain(self) -> bool:
+        """Greedy over the whole vocabulary: a batch of such answers may be picked with one argmax."""
+        return not self.do_sample and self.constraint is None
 
     def pick(self, logits: torch.Tensor) -> torch.Tensor:
-        return pick(logits, self.do_sample, self.temperature, self.top_p, self.generator)
+        if self.constraint is None:
+            return pick(logits, self.do_sample, self.temperature, self.top_p, self.generator)
+        token = pick(self.constraint.mask(logits), self.do_sample, self.temperature, self.top_p, self.generator)
+        self.constraint.advance(token)
+        return token
 
 
 @dataclass(eq=False)  # one answer is itself only: `in` and `remove` on lists of them

@@ -126,13 +126,13 @@ class SessionPool:
         return question.future.result()
 
     def generate(self, session: StreamSession, max_new_tokens: int = 64, do_sample: bool = False,
-                 temperature: float = 1.0, top_p: float = 1.0, eos_token_id=None, generator=None):
+                 temperature: float = 1.0, top_p: float = 1.0, eos_token_id=None, generator=None, constraint=None):
         """`session.generate`, its steps batched with the other streams' answers."""
         with self._cond:
             if session in self._faults:
                 raise self._faults.pop(session)
-            answer = _Reader.begin(session, max_new_tokens, Sampling(do_sample, temperature, top_p, generator),
-                                   eos_token_id, device="cpu", ready=threading.Condition(self._lock))
+            answer = _Reader.begin(session, max_new_tokens, Sampling(do_sample, temperature, top_p, generator,
+                                   constraint), eos_token_id, device="cpu", ready=threading.Condition(self._lock))
             self._answers.append(answer)
         return self._tokens(answer)
 
@@ -334,7 +334,7 @@ class SessionPool:
     def _hand_over(self, answers: list[_Reader]) -> None:
         """Each answer's next token from its logits (the greedy ones picked together: one copy to the host), handed
         to its reader."""
-        greedy = [a for a in answers if not a.sampling.do_sample and a.logits.shape[0] == 1]
+        greedy = [a for a in answers if a.sampling.plain and a.logits.shape[0] == 1]
         picked = torch.cat([a.logits for a in greedy]).argmax(dim=-1).cpu() if greedy else None
         tokens = {id(a): picked[i:i + 1] for i, a in enumerate(greedy)}
         handed = []

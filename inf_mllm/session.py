@@ -299,15 +299,15 @@ class StreamSession:
 
     def generate(self, max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
                  top_p: float = 1.0, eos_token_id: int | list[int] | None = None,
-                 generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
+                 generator: torch.Generator | None = None, constraint=None) -> Iterator[torch.Tensor]:
         """An iterator of (B,) token ids on the CPU, one at a time, continuing from the last appended turn.
 
         Whenever the consumer stops (the end, a `break`, a closed generator, or the next `append`,
         which closes a paused one), the last token it received is held back, pending for the next
         turn, and the logits are spent: the next answer never continues from a stale state.
         `last.decode_s` counts the model's time, not the consumer's."""
-        answer = Answer.begin(self, max_new_tokens, Sampling(do_sample, temperature, top_p, generator), eos_token_id)
-        self._decoding = self._decode(answer)
+        sampling = Sampling(do_sample, temperature, top_p, generator, constraint)  # constraint: `decoding.Phrases`
+        self._decoding = self._decode(Answer.begin(self, max_new_tokens, sampling, eos_token_id))
         return self._decoding
 
     @torch.inference_mode()

@@ -32,14 +32,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run a full cache capped at X times the budget's memory")
     s.add_argument("--streams", type=int, default=1, metavar="N",
                    help="N copies of the video at once, each its own session on one session pool (default 1)")
-    s.add_argument("--device", default="cpu")
+    s.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     s.add_argument("--out", default="benchmarks/results")
     s.add_argument("--name", default="soak", help="output files NAME.json, .png, .jsonl, _verdict.json")
     r = sub.add_parser("reliability", help="run the bad-input table; write reliability.json and .md")
     r.add_argument("--out", default="benchmarks/results")
     r.add_argument("--only", help="a regex: run only the cases whose name matches")
     r.add_argument("--server", action="store_true", help="only the server's rows (a python -m serve of their own)")
-    o = sub.add_parser("ompspin", help="time to first token during and after ingest, per OpenMP waiting")
+    o = sub.add_parser("ompspin", help="OpenMP spin-waiting, measured: torch's worker threads spin after each "
+                       "parallel region, which slowed answers 5-10x on a busy machine, so `streaming` sets passive "
+                       "waiting after a short spin (OMP_WAIT_POLICY, GOMP_SPINCOUNT); this times the first token "
+                       "during and after ingest with libgomp's default, purely passive, and that setting",
+                       description="Why stream-qa sets OMP_WAIT_POLICY=PASSIVE and GOMP_SPINCOUNT=3000 (unless you "
+                       "set them), measured on this machine: see jetson/README.md.")
     o.add_argument("--reps", type=int, default=3)
     o.add_argument("--busy", type=int, nargs="+", default=[0, 2],
                    help="processes keeping a core busy beside the runs, one load per value (default: 0 2)")

@@ -15,18 +15,23 @@ class Adapter(NamedTuple):
     about: str
     needs_path: bool = False  # a checkpoint folder the user gives (else bundled or built here)
     path_label: str = "PATH"  # what `--help` calls it
+    # tokens of one clip turn and a typical question (`streaming.budgets.floor` of the loaded model, kept here so a
+    # budget below it is refused before the model loads); 1 where only the checkpoint knows
+    least_budget: int = 1
 
 
 ADAPTERS = {
-    "tiny-vlm": Adapter("models.tiny_vlm.model:TinyVLM", "EfficientNet-Lite0 + SmolLM2-135M, trained here on easy-VQA"),
+    "tiny-vlm": Adapter("models.tiny_vlm.model:TinyVLM", "EfficientNet-Lite0 + SmolLM2-135M, trained here on easy-VQA",
+                        least_budget=60),
     "chat-univi": Adapter("models.chat_univi.model:ChatUniVi",
                           "Chat-UniVi-7B: CLIP ViT-L/14, DPC-KNN merging into events, Vicuna (local checkpoint)", True),
-    "chat-univi-tiny": Adapter("models.chat_univi.tiny:ChatUniViTiny", "Chat-UniVi's DPC-KNN merging on tiny-vlm"),
+    "chat-univi-tiny": Adapter("models.chat_univi.tiny:ChatUniViTiny", "Chat-UniVi's DPC-KNN merging on tiny-vlm",
+                               least_budget=35),
     "flash-vstream": Adapter("models.flash_vstream.model:FlashVStream",
                              "Flash-VStream-7B: CLIP ViT-L/14, STAR memory read out per question, Vicuna (local "
                              "checkpoint)", True),
     "flash-vstream-tiny": Adapter("models.flash_vstream.tiny:FlashVStreamTiny",
-                                  "Flash-VStream's STAR memory on tiny-vlm"),
+                                  "Flash-VStream's STAR memory on tiny-vlm", least_budget=217),
     "hf": Adapter("models.hf.adapter:HFVideo",
                   "a transformers checkpoint folder or hub id: LLaVA-OneVision, SmolVLM2, Qwen2(.5)-VL, Qwen3-VL, "
                   "LLaVA-NeXT-Video", True,

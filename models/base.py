@@ -7,6 +7,7 @@ re-asked in any order. Answers end with the model's end-of-turn token, which the
 and prepends to the next turn (see `StreamSession.generate`).
 """
 
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -14,10 +15,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from inf_mllm.decoding import Phrases, vocabulary
 from inf_mllm.session import StreamSession
 from inf_mllm.spec import PolicySpec
 
 from .intent import Intent, Resolution, linking, log_answer, read, resolve
+from .words import items
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class VideoAdapter(ABC):
     name: str = ""
     past_answers_stay: bool = True  # False: the engine's questions about a past clip leave with their answers
     detect: bool = True  # the object detector reads every clip's frames for the clip log (`see`); `--no-detect`
+    copies_words: bool = False  # its "what" answers copy its turns' words: held to those of the clip asked about
     model: torch.nn.Module
     tokenizer: object
 
@@ -202,6 +206,7 @@ class VideoAdapter(ABC):
         """The model-thread half: put `encode`'s output into the session (here: as a clip turn); with
         recall the turn is stored under its `clip_meta`, which is returned."""
         meta = self.clip_meta(clip, index, start_s, end_s)
+        self._latest()[session] = meta  # a session without recall keeps no log: its newest clip, for `answer_words`
         visual = visual_of(clip)
         before = self.text_ids(self.clip_text(index, start_s)[0]).shape[-1]  # where the visual tokens sit (VL-Cache)
         session.append(inputs_embeds=self.clip_turn(visual, index, start_s), meta=meta,
@@ -245,9 +250,43 @@ class VideoAdapter(ABC):
                 return iter([reading.direct])
             question, kwargs["named"] = reading.text, reading.named
             kwargs.setdefault("keep", reading.keep)
+        words = self.answer_words(session, question)
         session.append_question(self.question_turn(question, session), named=kwargs.pop("named", None),
                                 oracle=kwargs.pop("oracle", None), keep=kwargs.pop("keep", True))
+        if words and "constraint" not in kwargs:
+            kwargs["constraint"] = Phrases(words, self._vocabulary(), kwargs.get("eos_token_id") or
+                                           self.model.generation_config.eos_token_id, max_new_tokens, self._cost)
         return self.stream_answer(session, max_new_tokens, **kwargs)
+
+    def answer_words(self, session: StreamSession, question: str) -> list[str] | None:
+        """The words a "what" answer may name, for a model whose answers copy its turns' words (`copies_words`): those
+        of the clips the question (as the model reads it, `phrase`) is about, each spelled as the clip holds it, so an
+        answer can neither garble them nor name another clip's. Resolved against the clips the session's store holds;
+        without recall, only a question about the present is held (to the newest clip: a past one may have left the
+        cache, and what the model says of it is its own). None: the model's words are free."""
+        if not self.copies_words or (intent := read(question)).kind != "what":
+            return None
+        if session.recall is not None:
+            log = session.store.clips()
+        else:
+            log = [self._latest()[session]] if session in self._latest() and intent.when == "now" else []
+        if not log:
+            return None
+        targets = resolve(intent, log, log[-1]["end"]).targets or ([log[-1]] if intent.when == "now" else [])
+        return list(dict.fromkeys(w for meta in targets for w in items(meta.get("seen", "")))) or None
+
+    def _latest(self) -> "weakref.WeakKeyDictionary":
+        if "_newest" not in self.__dict__:
+            self._newest = weakref.WeakKeyDictionary()
+        return self._newest
+
+    def _vocabulary(self):
+        if "_vocab" not in self.__dict__:
+            self._vocab = vocabulary(self.tokenizer)  # about a second, once
+        return self._vocab
+
+    def _cost(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False).input_ids)
 
     def stream_answer(self, session: StreamSession, max_new_tokens: int = 32, **kwargs) -> Iterator[str]:
         ids: list[int] = []

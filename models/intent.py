@@ -10,8 +10,10 @@ wrote into the clip's turn), by words against words, without the model: the late
 thing, the clip a minute back, the first clip. Recall links the picked clips that have left the cache
 and nothing else (`linking`), so a question about the present links nothing; an adapter may phrase
 the question the way its model was trained to read it (`VideoAdapter.phrase`). When and how often, "yes" to
-"did you see X?" where a clip's words hold X, and what the stream showed so far ("what did you see?") are facts
-of the clip log, answered from it (`log_answer`), so an answer never contradicts the clip its provenance names.
+"did you see X?" where a clip's words hold X, what the stream showed so far ("what did you see?") and how many of a
+thing the detector counted are facts of the clip log, answered from it (`log_answer`), so an answer never contradicts
+the clip its provenance names. "How many … did you see / so far / in the last minute?" is the most any one clip of
+that span counted: each clip is a moment, and the same two cars seen in two clips are not four.
 
 It lives beside recall so every caller reads a question the same way: the engine (`stream-qa`, the app,
 the server) and the library's `VideoAdapter.ask` on a session with recall (`VideoAdapter.read_question`).
@@ -21,7 +23,8 @@ import contextlib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+
+from .words import counted, sees, singular, tally
 
 _NUM = r"(\d+(?:\.\d+)?)"
 _TIME = re.compile(rf"^(?:(\d+):)?(?:(\d+):)?{_NUM}$|^(?:{_NUM}h)?(?:{_NUM}m)?(?:{_NUM}s)?$")
@@ -78,6 +81,9 @@ _TIME_PHRASES = [  # (when, pattern): the first that matches decides; its words 
 ]
 # the stream so far, nothing in particular: "what did you see?", "what happened so far?", "summarize the video"
 _SO_FAR = re.compile(r"\bso far\b|\bhappened\b|\bsummar(?:y|ise|ize)\b|\b(?:did|have) you (?:see|seen|watch|watched)\b")
+# a clip or time named before the question proper ("in clip 3, …", "at 0:21, …"): the kind is read after it
+_LEAD = re.compile(r"^(?:in|at|around|during|for) "
+                   r"(?:clips? #?\d+|\d+:\d{2}(?::\d{2})?|\d+(?:\.\d+)?\s*s|\d+m(?:\d+s)?) ")
 _PAST = re.compile(r"\b(?:did|was|were|saw|seen|had|earlier|ever|so far|previously|already|before|been)\b")
 _STOP = frozenset("""
 a an the any some this that these those it its there here is are was were be been being did do does done have
@@ -118,32 +124,15 @@ class Resolution:
     latest: dict | None = None  # the newest clip: what "how many … now?" counts in
 
 
-def singular(word: str) -> list[str]:
-    """The word and the forms it may have in the singular ("buses" → "buse", "bus")."""
-    out = [word]
-    if word.endswith("ies") and len(word) > 4:
-        out.append(word[:-3] + "y")
-    if word.endswith("es") and len(word) > 3:
-        out.append(word[:-2])
-    if word.endswith("s") and not word.endswith("ss") and len(word) > 3:
-        out.append(word[:-1])
-    return out
-
-
-def sees(meta: dict, thing: str) -> bool:
-    """Whether a clip's `seen` words name `thing` (a whole word, singular or plural)."""
-    seen = meta.get("seen", "").lower()
-    return any(re.search(rf"(?<![\w-]){re.escape(w)}(?![\w-])", seen) for w in singular(thing))
-
-
 def read(text: str) -> Intent:
     """The intent of one question (any text: one that says nothing of time or things reads as the present)."""
     low = " ".join(re.sub(r"[^\w\s:'-]", " ", text.lower()).split())
-    kind = ("count" if re.match(r"how (?:many times|often)\b", low) else
-            "number" if re.match(r"how many\b", low) else
-            "when" if re.match(r"(?:and )?when\b", low) else
-            "what" if re.match(r"what(?:'s)?\b(?! (?:animal|vehicle|food|colou?r|shape|kind)\b)", low) else
-            "is" if re.match(r"(?:is|are|was|were|did|do|does|have|has|can|could)\b", low) else "other")
+    asked = _LEAD.sub("", low)  # "in clip 3, what is it?" asks what, as "what is in clip 3?" does
+    kind = ("count" if re.match(r"how (?:many times|often)\b", asked) else
+            "number" if re.match(r"how many\b", asked) else
+            "when" if re.match(r"(?:and )?when\b", asked) else
+            "what" if re.match(r"what(?:'s)?\b(?! (?:animal|vehicle|food|colou?r|shape|kind)\b)", asked) else
+            "is" if re.match(r"(?:is|are|was|were|did|do|does|have|has|can|could)\b", asked) else "other")
     when, ago_s, anchor, rest = None, 0.0, None, low
     named = references(text)
     if named is not None:
@@ -189,9 +178,11 @@ def resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
     the frame the count was read in too ("1 person in the frame at 0:06")."""
     resolution = _resolve(intent, log, now)
     word, n, meta = _count(intent, resolution)
-    if word and n and "counted_at" in meta and word in meta["counted_at"]:
+    if word and n and word in meta.get("counted_at", {}):
         return replace(resolution, why=f"{resolution.why}; {_many(word, n)} in the frame at "
                                        f"{clock(meta['counted_at'][word])}")
+    if word and n and not meta["objects"].get(word):  # the vote dropped it: the boxes of the clip's last frame
+        return replace(resolution, why=f"{resolution.why}; {_many(word, n)} boxed in its last frame")
     return resolution
 
 
@@ -235,6 +226,9 @@ def _resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
         run = _runs(marks)[-1]
         edge = run[0]["clip"] - 1 if intent.when == "before" else run[-1]["clip"] + 1
         return one(next((m for m in log if m["clip"] == edge), None), f"{intent.when} the {intent.anchor}")
+    most = _most(intent, log, now) if intent.kind == "number" and intent.when in ("past", "within") else None
+    if most is not None:
+        return replace(most, hits=hits)
     if intent.when == "within":
         hits = [m for m in hits if m["end"] > now - intent.ago_s]
         if not hits:
@@ -249,6 +243,20 @@ def _resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
         return Resolution([], None, f"{asked}: seen in {len(hits)} clip(s)", hits)
     first = intent.when == "first" or (intent.kind == "when" and intent.when != "last")
     return one(hits[0] if first else hits[-1], f"{'first' if first else 'last'} {asked}")
+
+
+def _most(intent: Intent, log: list[dict], now: float) -> Resolution | None:
+    """"How many … did you see / so far / in the last minute?": the clip of the span that counted the most (the
+    latest of equals), since each clip is a moment, not a census; None where nothing in the span was counted."""
+    span = [m for m in log if "objects" in m and (intent.when == "past" or m["end"] > now - intent.ago_s)]
+    word = _counted_word(intent)
+    if not word or not span:
+        return None
+    best = max(span, key=lambda m: (tally(m, word), sees(m, word), m["clip"]))
+    if not tally(best, word) and not sees(best, word):
+        return Resolution([], None, f"no {word} counted in {len(span)} clip(s)", latest=best)
+    return Resolution([best], None if best is log[-1] else best, f"the most {_plural(word)} in one of {len(span)} "
+                      f"clip(s): clip {best['clip']} ({clock(best['start'])}-{clock(best['end'])})")
 
 
 def linking(resolution: Resolution) -> Callable[[dict], bool] | None:
@@ -299,31 +307,26 @@ def number(intent: Intent, resolution: Resolution) -> str | None:
 
 
 def _many(word: str, n: int) -> str:
-    return f"{n} {'people' if word == 'person' and n > 1 else word if n == 1 else word + 's'}"
+    return f"{n} {word if n == 1 else _plural(word)}"
+
+
+def _plural(word: str) -> str:
+    return "people" if word == "person" else word + "s"
 
 
 def _count(intent: Intent, resolution: Resolution) -> tuple[str | None, int, dict | None]:
     """(the counted word asked about, the detector's count of it, the clip counted in) for a "how many" question
     about a clip with detections; (None, 0, None) otherwise."""
     meta = resolution.targets[-1] if resolution.targets else resolution.latest
-    if intent.kind != "number" or meta is None or "objects" not in meta:
+    word = _counted_word(intent)
+    if intent.kind != "number" or meta is None or "objects" not in meta or word is None:
         return None, 0, None
-    for thing in intent.things:
-        for word in singular(thing):
-            if word in counted():
-                return word, meta["objects"].get(word, 0), meta
-    return None, 0, None
+    return word, tally(meta, word), meta
 
 
-@lru_cache(maxsize=1)
-def counted() -> frozenset[str]:
-    """The words an object detector counts (COCO's and Open Images' everyday names, as `models.detector` and
-    tiny-vlm's `labels.OBJECTS` say them; kept here so the core needs no model package: a test holds them equal)."""
-    return frozenset("""person bicycle car motorcycle airplane bus train truck boat bench bird cat dog horse sheep cow
-        elephant bear zebra giraffe backpack umbrella handbag tie suitcase frisbee skis snowboard ball kite skateboard
-        surfboard bottle cup fork knife spoon bowl banana apple sandwich orange broccoli carrot pizza donut cake chair
-        couch plant bed table toilet tv laptop remote keyboard phone microwave oven toaster sink refrigerator book
-        clock vase scissors toothbrush vehicle desk monitor box camera mug""".split())
+def _counted_word(intent: Intent) -> str | None:
+    """The first thing a question asks about that the detector counts, in the detector's word ("people" → person)."""
+    return next((w for thing in intent.things for w in singular(thing) if w in counted()), None)
 
 
 def summary(log: list[dict], most: int = 8) -> str:

@@ -3,6 +3,8 @@
 Bad options end with one line and exit status 2; Ctrl-C or SIGTERM closes every session and stops.
 """
 
+import streaming.offline  # noqa: F401, I001  (first: before uvicorn, the model or the hub client loads)
+
 import argparse
 import os
 import sys
@@ -37,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one session's questions waiting at once (for video time or a turn)")
     p.add_argument("--realtime-fps", type=float, default=d.realtime_fps, metavar="N",
                    help="frames a second one Realtime WebSocket connection may send (/v1/realtime)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="the model loaders' own progress bars and messages on stderr too (hidden by default)")
     p.add_argument("--sse-batch-ms", type=float, default=d.sse_batch_ms, metavar="MS",
                    help="send an answer's tokens (after its first) that come within MS of each other as one chunk "
                         "(default 0: each at once; behind a proxy each chunk costs a hop)")
@@ -62,7 +66,11 @@ def main(argv=None) -> int:
         return 2
     import uvicorn
 
+    from models.quiet import quiet_loaders
     from streaming.hosted import add_checkpoint
+
+    if not args.verbose:
+        quiet_loaders()
 
     from .api import create_app
 
@@ -84,7 +92,7 @@ def main(argv=None) -> int:
     # h11 (not httptools): its limit on a request's head is what caps header size (64 KB here)
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5,
                 http="h11", h11_max_incomplete_event_size=64 * 1024,
-                ws="websockets", ws_max_size=config.max_message_bytes)  # /v1/realtime: a frame's event at most
+                ws="websockets-sansio", ws_max_size=config.max_message_bytes)  # /v1/realtime: a frame's event at most
     return 0
 
 

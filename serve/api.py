@@ -1,5 +1,6 @@
 """The HTTP API: open a session, push frames or video (or have the server pull a file or URL), ask questions with
-answers streamed as server-sent events, read telemetry and the transcript, close. OpenAPI docs at /docs.
+answers streamed as server-sent events, read telemetry and the transcript, close. OpenAPI docs at /docs,
+served from this machine (docs.py).
 
 Every error is JSON, {"error": "one line"}, with its status: 400 bad input, 401 no or wrong token, 403 a file
 outside the media folder, 404 an unknown or closed session, 409 a session that takes no pushed frames, 413 too
@@ -16,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from streaming.hosted import limit_streams, shared_pool
 
-from . import errors
+from . import docs, errors
 from .context import Server
 from .guards import RequestLimits
 from .limits import ServerConfig
@@ -41,12 +42,13 @@ def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
         sweeper.cancel()
         await run_in_threadpool(srv.sessions.close_all)
 
-    app = FastAPI(title="stream-qa server", lifespan=lifespan, version="1",
+    app = FastAPI(title="stream-qa server", lifespan=lifespan, version="1", docs_url=None, redoc_url=None,
                   description="Questions about live video, answered from a bounded KV cache (Inf-MLLM).")
     app.state.server, app.state.sessions = srv, srv.sessions
     app.add_middleware(RequestLimits, max_json_bytes=int(config.max_json_kb * 1024), max_headers=config.max_headers,
                        json_paths={"/v1/chat/completions": config.max_upload_bytes})
     errors.install(app, srv.metrics)
+    docs.install(app)  # FastAPI's own /docs and /redoc load their scripts from CDNs
     for router in ROUTERS:
         app.include_router(router)
     return app

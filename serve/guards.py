@@ -3,6 +3,11 @@ whose announced size is checked before a pixel is decoded.
 
 - A JSON body over `max_json_kb` is refused with 413 as its bytes arrive (a declared length is refused at once), so
   a 64 MB body never sits in memory; uploads keep their own limit (`max_upload_mb`).
+- A body whose framing two parsers could read two ways (RFC 9112 §6.1, request smuggling) is refused with 400 and
+  the connection closed, before a byte of it is read: Content-Length with Transfer-Encoding, a coding other than
+  chunked, two different lengths, or a chunked body on a GET, HEAD or DELETE (no route of those reads one). h11
+  refuses most of these itself; the one it takes (both headers: it trusts the chunks) left a plain body waiting
+  for a chunk size that never came.
 - More than `max_headers` headers: 431. Their total size is capped by the HTTP parser (`python -m serve` runs h11
   with a 64 KB limit on a request's head).
 - A frame (JPEG or PNG) is opened lazily: its header says its size, which must be within `MAX_SIDE` a side,
@@ -72,6 +77,8 @@ class RequestLimits:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = scope.get("headers", [])
+        if (unframed := ambiguous_framing(scope["method"], headers)) is not None:
+            return await _refuse(send, 400, unframed, close=True)
         if len(headers) > self.max_headers:
             return await _refuse(send, 431, f"{len(headers)} headers; {self.max_headers} at most")
         size = sum(len(k) + len(v) for k, v in headers)
@@ -98,6 +105,26 @@ class RequestLimits:
                        send)
 
 
+BODILESS = ("GET", "HEAD", "DELETE")
+
+
+def ambiguous_framing(method: str, headers: list) -> str | None:
+    """Why this request's body has no one reading (a line), or None: where a proxy in front and this server could
+    disagree on where the body ends, what follows it may be read as another client's request."""
+    lengths = {v.strip() for k, v in headers if k == b"content-length"}
+    codings = [v.strip().lower() for k, v in headers if k == b"transfer-encoding"]
+    if codings and lengths:
+        return "Content-Length and Transfer-Encoding together (a request-smuggling shape); send one of them"
+    if len(lengths) > 1:
+        return "Content-Length headers that differ: " + ", ".join(sorted(v.decode("latin-1")[:20] for v in lengths))
+    if codings and codings != [b"chunked"]:
+        shown = ", ".join(c.decode("latin-1")[:40] for c in codings)
+        return f"Transfer-Encoding {shown}: only chunked is taken"
+    if codings and method in BODILESS:
+        return f"a {method} request carries no body here; Transfer-Encoding refused"
+    return None
+
+
 def _replay(messages: list, then=None):
     """A `receive` that gives `messages`, then defers to `then` (a disconnect, while the response streams)."""
     async def receive():
@@ -109,8 +136,10 @@ def _replay(messages: list, then=None):
     return receive
 
 
-async def _refuse(send, status: int, message: str) -> None:
+async def _refuse(send, status: int, message: str, close: bool = False) -> None:
+    """`close`: the connection ends after the answer (the server then reads nothing more from it)."""
     body = json.dumps({"error": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                "headers": headers + ([(b"connection", b"close")] if close else [])})
     await send({"type": "http.response.body", "body": body})

@@ -146,7 +146,8 @@ def local_cluster(app: dict, name: str = "stream-qa"):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # the node's address given: Ray would find it by a connect() to a public address
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build(app), name=name, route_prefix="/")

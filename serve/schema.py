@@ -2,7 +2,8 @@
 
 from dataclasses import fields
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+from pydantic_core import PydanticCustomError
 
 from streaming.questions import MAX_QUESTION_CHARS
 from streaming.settings import Settings
@@ -12,10 +13,19 @@ STRICT = ConfigDict(extra="forbid")  # a misspelt field is refused with the know
 
 class SourceSpec(BaseModel):
     model_config = STRICT
-    file: str | None = Field(None, max_length=1024, description="a file inside the server's media folder")
-    url: str | None = Field(None, max_length=2048, description="an RTSP or HTTP(S) stream on an allowed host")
+    file: str | None = Field(None, min_length=1, max_length=1024, description="a file inside the server's media folder")
+    url: str | None = Field(None, min_length=1, max_length=2048, description="an RTSP or HTTP(S) stream on an allowed "
+                            "host")
     realtime: bool = Field(True, description="play a file at its own speed (false: as fast as the model takes it)")
     loops: int = Field(1, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _names_something(self):
+        """A source that names nothing would open a pushed-frames session the client did not ask for."""
+        if self.file is None and self.url is None:
+            raise PydanticCustomError("source_empty", "names neither a file nor a url (leave source out to push "
+                                                      "frames)")
+        return self
 
 
 # what a server takes at most, on top of what a setting needs to work at all (`Settings`' own bounds)
@@ -39,7 +49,9 @@ class AskRequest(BaseModel):
     model_config = STRICT
     text: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS)
     at: float | None = Field(None, ge=0, le=1e9, allow_inf_nan=False,
-                             description="answer at this video time (seconds), as '… @30s'")
+                             description="answer about every frame at or before this video time (seconds), as "
+                                         "'… @30s'; without it: about every frame pushed so far (or, for a file or "
+                                         "URL the server pulls, up to the time it has played to)")
     stream: bool = Field(True, description="server-sent events (start, token…, answer); false: the record as JSON")
 
 

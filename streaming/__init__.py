@@ -2,6 +2,8 @@
 
 import os
 
+from . import offline  # noqa: F401  (the libraries' own calls out switched off before they load)
+
 # OpenMP (libgomp, under torch) spins each worker after every parallel region, throttled only while
 # more threads than cores are in its teams. Once the ingest thread's team is gone the model thread's
 # workers spin at full length (~10 ms after each region), and on a machine whose cores are busy with

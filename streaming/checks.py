@@ -32,12 +32,20 @@ def positive(name: str, value: float | None, integer: bool = False) -> None:
         raise ConfigError(f"{name} must be {kind}, got {value}")
 
 
-def check_budget(text: str) -> None:
-    """Tokens per layer ("512"), a memory size ("512MB") or "auto", by the core's own grammar."""
+def check_budget(text: str, model: str | None = None) -> None:
+    """Tokens per layer ("512"), a memory size ("512MB") or "auto", by the core's own grammar; in tokens, at least
+    what one clip turn and a question of `model` take (`models.Adapter.least_budget`: known before it loads)."""
+    import models  # the registry only: no torch
+
     try:
-        parse_budget(text)
+        budget = parse_budget(text)
     except ValueError as err:
         raise ConfigError(f"--{err}" if str(err).startswith("budget ") else f"--budget: {err}") from None
+    least = models.ADAPTERS[model].least_budget if model in models.ADAPTERS else 1
+    if budget.tokens is not None and budget.tokens < least:
+        tokens = f"{budget.tokens} token{'s' if budget.tokens > 1 else ''}"
+        raise ConfigError(f"budget of {tokens} per layer cannot hold one clip turn and a question of {model} "
+                          f"({least} tokens): raise --budget")
 
 
 def check_args(args) -> None:
@@ -49,9 +57,20 @@ def check_args(args) -> None:
     for webcam in args.webcam if isinstance(args.webcam, list) else [args.webcam]:  # several sources: a list
         if webcam is not None and webcam < 0:
             raise ConfigError(f"--webcam takes a camera index ≥ 0, got {webcam}")
-    check_budget(args.budget)
+    model = args.model[0] if isinstance(args.model, list) else args.model
+    check_budget(args.budget, model if bounded(args) else None)
     if not re.fullmatch(r"cpu|cuda(:\d+)?|mps", args.device):
         raise ConfigError(f"--device must be cpu, cuda, cuda:N or mps, got {args.device!r}")
+
+
+def bounded(args) -> bool:
+    """Whether --policy keeps a budget (a policy that does not parse is said later, by `policy_spec`)."""
+    from inf_mllm.spec import PolicySpec
+
+    try:
+        return PolicySpec.parse(args.policy).bounded
+    except ValueError:
+        return True
 
 
 def check_output_file(option: str, path: str) -> None:

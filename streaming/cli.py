@@ -12,6 +12,7 @@ from dataclasses import fields
 
 import models  # the model list only: no torch
 from inf_mllm.spec import PolicySpec, Recall
+from models.quiet import quiet_loaders
 
 from .budgets import compiles_decode, open_session
 from .checks import (
@@ -48,7 +49,7 @@ from .session_dir import SessionDir
 from .settings import Settings, add_options
 from .soak import run_soak_cli, soak_plan, soak_schedule
 from .sources import bundled_clip, open_source
-from .stdin import StdinQuestions
+from .stdin import StdinQuestions, piped
 from .streams import (
     SOURCE_KEYS,
     check_several,
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_options(src, ("fps", "clip_seconds"), FILE_DEFAULTS)
     src.add_argument("--fast", action="store_true", help="read files as fast as possible instead of in real time")
     src.add_argument("--loop", type=int, default=1, metavar="N", help="play a file N times in a row")
-    q = p.add_argument_group("questions (default: five sample questions)")
+    q = p.add_argument_group("questions (default: seven sample questions about the bundled clip, or the lines piped on "
+                             "stdin; a line typed on stdin is asked when it is read)")
     q.add_argument("--ask", action="append", default=[], metavar="TEXT", help='a question, optionally "… @30s"')
     q.add_argument("--every", metavar="TIME", help="ask --question every TIME of video (e.g. 30s)")
     q.add_argument("--question", help="the question for --every")
@@ -87,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"{models.usage()} (default tiny-vlm; hf's hub id, owner/name, loads where the hub is "
                         "reachable)")
     add_options(m, ("policy", "budget", "bias", "window", "max_new_tokens"), FILE_DEFAULTS)
-    m.add_argument("--device", default="cpu")
+    m.add_argument("--device", default="cpu", help="where the model runs: cpu (default), cuda, cuda:N or mps")
     m.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
                    help="run decode steps compiled on fixed shapes (torch.compile; CUDA graphs on a GPU). Default: on "
                         "with a CUDA --device (a 7B model on an H200: 4.6 ms a token against 26-41 eager, after a "
@@ -97,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip the object detector (a model that sees for itself: its clips then carry no detections, "
                         "and \"how many …?\" goes to the model)")
     p.add_argument("--json", action="store_true", help="JSON lines on stdout")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="the model loaders' own progress bars and messages on stderr too (hidden by default)")
     p.add_argument("--clips", action="store_true",
                    help="with --json: a line per clip too: its clip, start, end, seen, objects and boxes")
     p.add_argument("--server", metavar="URL", help="run on a streaming-session server (python -m serve) instead of "
@@ -104,8 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     k = p.add_argument_group("memory soak")
     k.add_argument("--soak", metavar="ROUNDS|TIME",
                    help="loop the source for N clip turns (10000) or a wall-clock time (30m, 2h), asking --question "
-                        "every --every of video (default: every 10 clips), sampling memory; ends with a verdict "
-                        "(exit 0 PASS, 3 FAIL)")
+                        "every --every of video (default: \"what is on screen now?\" every 10 clips), sampling memory; "
+                        "ends with a verdict (exit 0 PASS, 3 FAIL, 4 INCONCLUSIVE: too few rounds to tell)")
     k.add_argument("--soak-log", default="soak.jsonl", metavar="FILE",
                    help="memory samples as JSON lines, flushed one by one (default soak.jsonl)")
     k.add_argument("--soak-sample", type=float, default=5.0, metavar="S", help="seconds between samples (default 5)")
@@ -149,7 +153,7 @@ def questions_from(args, duration: float | None) -> tuple[list[Question], bool]:
             raise QuestionError("--every needs a video file (a live source has no known length)")
         qs += every(args.every, args.question, duration)
     default_run = args.video is None and args.webcam is None and args.url is None
-    if not qs and default_run:
+    if not qs and default_run and not piped():  # questions piped in are asked, whatever the source
         qs = [parse_ask(a) for a in DEFAULT_QUESTIONS]
     return qs, not qs
 
@@ -270,6 +274,8 @@ def _run_here(args, out, source, said: str, spec: PolicySpec, folder, questions:
         raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
     check_device(args.device)
     print(f"stream-qa: {said}; loading {name}…", file=sys.stderr)
+    if not args.verbose:
+        quiet_loaders()
     adapter = load_adapter(name, path[0] if path else None, device=args.device)
     adapter.detect = args.detect
     if getattr(source, "frame_size", None):  # token counts (the budget's floor) from the real frames
@@ -281,10 +287,12 @@ def _run_here(args, out, source, said: str, spec: PolicySpec, folder, questions:
         print(f"stream-qa: {line}", file=sys.stderr)
     elif folder is not None:
         folder.save_settings({k: getattr(args, k) for k in SESSION_SETTINGS} | {"video": video})
-    schedule = soak_schedule(args) if soak else StdinQuestions(Schedule(qs)) if use_stdin else Schedule(qs)
     engine = TurnEngine(adapter, session, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
                         drop_when_full=source.live)  # a camera or a paced file cannot wait
-    engine.resume_at, engine.video_t = resume_at, resume_at[1]
+    engine.resume(resume_at)
+    # a question typed while the video plays is about it up to that moment (a file read --fast has no moment)
+    schedule = soak_schedule(args) if soak else \
+        StdinQuestions(Schedule(qs), source.asked_at, engine.cuts) if use_stdin else Schedule(qs)
     return _stream(args, out, engine, source, schedule, soak, folder)
 
 
@@ -302,7 +310,7 @@ def _stream(args, out, engine, source, schedule, soak, folder) -> int:
     def on_token(question, piece):
         if args.json:
             return
-        out.write(f"[{engine.video_t:7.1f}s] Q: {question.text}\n{'':11}A: " if piece is None else piece)
+        out.write(f"[{engine.asked_t:7.1f}s] Q: {question.text}\n{'':11}A: " if piece is None else piece)
         out.flush()
 
     def on_answer(answer):
@@ -352,6 +360,8 @@ def _run_several(args, sources, out) -> int:
             raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
         check_device(args.device)
         print(f"stream-qa: {len(sources)} sources; loading {name}…", file=sys.stderr)
+        if not args.verbose:
+            quiet_loaders()
         adapter = load_adapter(name, path[0] if path else None, device=args.device)
         adapter.detect = args.detect
     except BaseException:

@@ -1,12 +1,12 @@
 """The turn engine: clips and questions become turns of one streaming session, in video-time order.
 
-Ingest (decode, sample, encode frames into visual embeddings) runs on its own thread behind a
-bounded queue, so the video keeps playing while the model answers; the model thread appends each
-clip as a turn, answers questions between clips, and the cache evicts at every turn boundary.
-The adapter's pure `encode` runs on the ingest thread and its stateful `append_clip` on the model
-thread, in video order. With `drop_when_full` (live sources: a camera cannot wait) a clip that
-finds the queue full is dropped and counted rather than falling behind. Shutdown is prompt from
-either side: the model thread leaving (end, error, a closed consumer) or `close()` from outside.
+Ingest (decode, sample, encode frames into visual embeddings: `ingest.py`) runs on threads of its own behind a
+bounded queue, so the video keeps playing while the model answers; the model thread appends each clip as a turn,
+answers questions between clips, and the cache evicts at every turn boundary. A question at video time T is
+answered once every frame at or before T is in: ingest closes the open clip at T for it (`cuts`), and the answer
+is stamped T. The adapter's pure `encode` runs on the ingest thread and its stateful `append_clip` on the model
+thread, in video order. Shutdown is prompt from either side: the model thread leaving (end, error, a closed
+consumer) or `close()` from outside.
 
 Faults in one turn do not end a stream. A clip turn whose prefill raises (the session rolls the
 cache back) is dropped with one warning line and counted in `telemetry.failed`; the same error
@@ -15,6 +15,7 @@ prefill tightens a bounded cache's budget by a quarter, evicts, and retries the 
 """
 
 import contextlib
+import math
 import queue
 import sys
 import threading
@@ -22,26 +23,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import numpy as np
 import psutil
 import torch
 
-from models.base import EncodedClip, Reading
+from models.base import Reading
 
 from . import budgets
-from .clips import clip_end, grouped
+from .clips import Cuts
 from .errors import is_user_error
+from .ingest import END, WAKE, Clip, Ingest, Reached, Telemetry, shown  # noqa: F401 (Clip, shown: the engine's words too)
 from .questions import Question, Schedule
-
-
-@dataclass
-class Clip:
-    index: int  # 1-based, as the model hears it ("Clip 3")
-    start: float
-    end: float
-    encoded: EncodedClip  # the adapter's `encode`: (N, hidden) embeddings (or features) and what it learned
-    encode_s: float
-    frame: np.ndarray | None = None  # its last frame, at most `SHOWN_WIDTH` wide: what the app draws the boxes on
 
 
 @dataclass
@@ -65,23 +56,6 @@ class Answer:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "exchange"}
 
 
-@dataclass
-class Telemetry:
-    clips: int = 0
-    dropped: int = 0
-    video_s: float = 0.0
-    ingest_s: float = 0.0  # wall time the ingest thread spent decoding and encoding
-    failed: int = 0  # clip turns dropped because their prefill raised
-    oom_retries: int = 0  # prefills retried after an out-of-memory error, with a tighter budget
-
-    @property
-    def ingest_speed(self) -> float:
-        """Video seconds encoded per second of ingest work (≥ 1: keeps up with real time)."""
-        return self.video_s / self.ingest_s if self.ingest_s else float("inf")
-
-
-_END = object()  # the source has ended
-_WAKE = object()  # a question arrived: answer it at this turn boundary
 _POLL_S = 0.25  # how often an idle model thread looks for stop and untimed questions
 
 
@@ -123,62 +97,14 @@ class TurnEngine:
         self._failed_in_a_row = self._oom_attempts = 0
         self._floor: int | None = None
         self.log: list[dict] = []  # metas of the clips this run appended (`clip_log`)
+        self.cuts = Cuts()  # the times questions were asked at: the open clip closes there (clips.py)
+        self.through = 0.0  # every frame at or before this video time is in the cache
+        self.last_frame_t: float | None = None  # the newest frame in the cache
+        self.asked_t = 0.0  # the video time of the answer being given (`stamp`)
 
-    # --- ingest thread --------------------------------------------------------------------------
-
-    def _ingest(self, source) -> None:
-        index, skip_before = self.resume_at
-        self._t0 = self._clock(source)
-        frames_in = iter(source)
-        try:
-            for frames, times in grouped(self._frames(frames_in, skip_before, source), self.clip_seconds):
-                if self.stop.is_set():
-                    return
-                index += 1
-                self._emit(index, frames, times, self._t0, source)
-                self._t0 = self._clock(source)
-        except BaseException as err:  # handed to the model thread, which reports it
-            self.error = err
-        finally:
-            close = getattr(frames_in, "close", None)
-            if close:  # a generator source releases its file or camera now, not at garbage collection
-                close()
-            self._put(_END, force=True)
-
-    def _frames(self, frames_in, skip_before: float, source):
-        """The source's frames until stopped; those before a resume point are in the session already."""
-        for frame in frames_in:
-            if self.stop.is_set():
-                return
-            if frame.t < skip_before:
-                self._t0 = self._clock(source)
-                continue
-            yield frame
-
-    @staticmethod
-    def _clock(source) -> float:
-        """Seconds of ingest work so far: wall time less what a paced source spent waiting for the video."""
-        return time.perf_counter() - source.waited_s
-
-    def _emit(self, index: int, frames, times, t0: float, source) -> None:
-        with torch.inference_mode():
-            visual = self.adapter.see(np.stack(frames), times)
-        end = clip_end(times, self.clip_seconds)
-        spent = self._clock(source) - t0
-        self.telemetry.ingest_s += spent
-        self.telemetry.video_s += end - times[0]
-        self._put(Clip(index, times[0], end, visual, spent, shown(frames[-1])))
-
-    def _put(self, item, force: bool = False) -> None:
-        """Queue a clip (or, `force`d, the end): never dropped, but given up once the model thread has stopped."""
-        while not self.stop.is_set():
-            try:
-                self.clips.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                if self.drop_when_full and not force:
-                    self.telemetry.dropped += 1
-                    return
+    def resume(self, at: tuple[int, float]) -> None:
+        """Continue a session after what its folder stored: (clips already seen, their video time)."""
+        self.resume_at, self.video_t, self.through = at, at[1], at[1]
 
     def close(self) -> None:
         """Stop from outside (another thread): ingest and the model thread both end promptly."""
@@ -188,32 +114,39 @@ class TurnEngine:
         """A question was added to the schedule: answer it at the next turn boundary, not the next clip."""
         # a full queue needs no wake: the model thread looks at the schedule before each waiting clip
         with contextlib.suppress(queue.Full):
-            self.clips.put_nowait(_WAKE)
+            self.clips.put_nowait(WAKE)
 
     # --- model thread ---------------------------------------------------------------------------
 
     def run(self, source, schedule: Schedule, on_clip: Callable[[Clip], None] | None = None,
             on_token: Callable[[Question, str], None] | None = None) -> Iterator[Answer]:
         """Yield answers in order; clips go in as they arrive. Ends when the source does."""
-        thread = threading.Thread(target=self._ingest, args=(source,), name="ingest", daemon=True)
+        ingest = Ingest(self.adapter, self.clip_seconds, self.clips, self.stop, self.telemetry, self.cuts,
+                        self.drop_when_full, self.resume_at)
+        self.cuts.add_all(getattr(schedule, "times", list)())  # the questions timed already: their clips close there
+        thread = threading.Thread(target=ingest.run, args=(source,), name="ingest", daemon=True)
         thread.start()
         try:
             while not self.stop.is_set():
                 try:
                     item = self.clips.get(timeout=_POLL_S)
                 except queue.Empty:
-                    item = _WAKE
-                if item is _END or self.stop.is_set():  # stopped while waiting: no turn begins after it
+                    item = WAKE
+                if item is END or self.stop.is_set():  # stopped while waiting: no turn begins after it
                     break
-                if item is _WAKE:  # between turns and idle: untimed questions, and those the video has reached
-                    for q in schedule.due(self.video_t) if self.has_clips else []:
-                        yield self.answer(q, on_token)
-                    continue
-                # questions due by the start of this clip go in before it; nothing is asked of an empty cache
-                for q in schedule.due(item.start) if self.has_clips else []:
-                    yield self.answer(q, on_token)
-                if self.feed(item) and on_clip:
-                    on_clip(item)
+                if isinstance(item, Reached):  # every frame up to its time is in: the questions at it are due
+                    self.through, self.video_t = max(self.through, item.t), max(self.video_t, item.t)
+                elif item is not WAKE:
+                    # a question whose frames all came before this clip goes in before it
+                    for q in self._due(schedule, math.nextafter(item.start, -math.inf)):
+                        yield self.answer(q, on_token, item.start)
+                    if self.feed(item) and on_clip:
+                        on_clip(item)
+                    if self.stop.is_set():  # stopped by what the clip did (a soak's last round): no turn after it
+                        break
+                for q in self._due(schedule, self.through):  # untimed questions, and those whose frames are in
+                    yield self.answer(q, on_token, self.through)
+            self.error = self.error or ingest.error
             if self.error is not None:
                 raise self.error
             for q in [] if self.stop.is_set() else schedule.rest():  # asked after the video ended
@@ -221,6 +154,11 @@ class TurnEngine:
         finally:
             self.stop.set()
             thread.join(timeout=5)
+
+    def _due(self, schedule, through: float) -> list[Question]:
+        """The questions to answer now, when every frame up to `through` is in; nothing is asked of an empty
+        cache."""
+        return schedule.due(through) if self.has_clips else []
 
     @property
     def has_clips(self) -> bool:
@@ -232,6 +170,10 @@ class TurnEngine:
         the turn, and the clip's time has passed all the same)."""
         appended = self._append_clip(clip)
         self.video_t = clip.end
+        # a clip cut short for a question holds every frame up to its end; any other, those before its end
+        self.through = clip.end if clip.cut else math.nextafter(clip.end, -math.inf)
+        if clip.last is not None:
+            self.last_frame_t = clip.last
         if appended:
             self.telemetry.clips += 1
         return appended
@@ -314,7 +256,18 @@ class TurnEngine:
             else None
         return self.adapter.read_question(question.text, self.clip_log(), self.video_t, oracle)
 
-    def answer(self, question: Question, on_token=None) -> Answer:
+    def stamp(self, question: Question, known_to: float | None = None) -> float:
+        """The video time an answer is about: the time it was asked, when the cache holds every frame up to it
+        (the video is known `known_to` that time: every frame before it is in; by default, to the cache's end) and
+        none after it; else the cache's end (a question that came late, after later frames went in, is about
+        them too)."""
+        at, known_to = question.at, self.video_t if known_to is None else known_to
+        if at is None or at > known_to or (self.last_frame_t is not None and self.last_frame_t > at):
+            return self.video_t
+        return at
+
+    def answer(self, question: Question, on_token=None, known_to: float | None = None) -> Answer:
+        self.asked_t = self.stamp(question, known_to)  # what the announcement (`on_token(question, None)`) says
         if on_token:
             on_token(question, None)  # announces the question before its first token
         t0 = time.perf_counter()
@@ -344,20 +297,11 @@ class TurnEngine:
         end = time.perf_counter()
         first = first or end
         return Answer(
-            video_t=self.video_t, question=question.text, answer="".join(pieces).strip(), ttft_s=first - t0,
+            video_t=self.asked_t, question=question.text, answer="".join(pieces).strip(), ttft_s=first - t0,
             tokens_per_s=self.session.last.tokens_per_s if direct is None else 0.0, kv_tokens=self.session.kv_tokens,
             kv_mb=self.session.kv_bytes / 2**20, rss_mb=psutil.Process().memory_info().rss / 2**20,
             recalled=recalled, looked_up=reading.resolution.why, source="model" if direct is None else "clip log",
             exchange=self.session.exchange.as_dict() if direct is None and self.session.exchange else None)
-
-
-SHOWN_WIDTH = 640
-
-
-def shown(frame: np.ndarray) -> np.ndarray:
-    """A frame small enough to keep one per stream for display (every other row and column until it fits)."""
-    step = -(-frame.shape[1] // SHOWN_WIDTH)
-    return np.ascontiguousarray(frame[::step, ::step])
 
 
 def _first_line(err: BaseException) -> str:

@@ -11,10 +11,10 @@ import errno
 import os
 import sys
 
-# stream-qa's exit codes, the one list (its README section names them): 0 done, 1 a bug (traceback in a log
-# file), 2 bad input or a fault of this machine, 3 a soak that failed its verdict, 130 Ctrl-C, 141 a closed pipe,
-# 128 + n a stopping signal n (checks.STOP_STATUS)
-EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_SOAK_FAILED = 0, 1, 2, 3
+# stream-qa's exit codes, the one list (docs/stream-qa.md names them): 0 done, 1 a bug (traceback in a log
+# file), 2 bad input or a fault of this machine, 3 a soak that failed its verdict, 4 a soak too short to tell (its
+# verdict INCONCLUSIVE), 130 Ctrl-C, 141 a closed pipe, 128 + n a stopping signal n (checks.STOP_STATUS)
+EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_SOAK_FAILED, EXIT_SOAK_INCONCLUSIVE = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
 
 

@@ -28,7 +28,13 @@ class FrameSource:
       engine drops a clip it has no room for instead of falling behind;
     - `waited_s`: seconds spent waiting for that clock rather than decoding, left out of the ingest speed;
     - `duration`: seconds of video in one pass, where known (a file, a served file), else None;
-    - `ended`: why it stopped before its video did, in words (the app says it in the chat), else None.
+    - `ended`: why it stopped before its video did, in words (the app says it in the chat), else None;
+    - `asked_at()`: the video time a question asked now is about, where the source has a now (a paced file, a player,
+      a camera, a client's last frame), else None: a question asked without a time is asked at it
+      (`LiveSession.ask`). A file played to a clock bounds it by the frames it has handed over, so a question never
+      waits for an ingest that has fallen behind the clock, only for the frame or two it holds;
+    - `done_through(t)`: whether every frame at or before `t` has been yielded already (a paced source knows its
+      next frame's time before it is due), so a question at `t` need not wait for the frame after it.
 
     A source paced to a clock reads `clock` and waits with `sleep` (`pace`): the wall clock, unless a test gives it
     one it steps itself. A new source subclasses this, sets what differs from these defaults, and is wired in
@@ -47,6 +53,12 @@ class FrameSource:
         if delay > 0:
             self.sleep(delay)
         return max(delay, 0.0)
+
+    def asked_at(self) -> float | None:
+        return None
+
+    def done_through(self, t: float) -> bool:
+        return False
 
     def __iter__(self) -> Iterator[Frame]:
         raise NotImplementedError

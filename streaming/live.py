@@ -36,6 +36,10 @@ class LockedSchedule(Schedule):
         with self.lock:
             super().add(question)
 
+    def times(self):
+        with self.lock:
+            return super().times()
+
     def rest(self):
         with self.lock:
             out = super().rest()
@@ -72,11 +76,12 @@ class LiveSession:
         self.source_ended = threading.Event()
         self._asked = threading.Event()
         self.engine = TurnEngine(adapter, session, clip_seconds=clip_seconds, max_new_tokens=max_new_tokens)
-        self.engine.resume_at, self.engine.video_t = resume_at, resume_at[1]
+        self.engine.resume(resume_at)
         try:
             self.source = make_source(self.engine.stop)
         except BaseException:  # a source that cannot open: the session's room in its pool is given back
-            session.close()
+            if getattr(session, "close", None) is not None:
+                session.close()
             raise
         self.engine.drop_when_full = self.source.live
         budgets = session.cache.budgets
@@ -146,7 +151,7 @@ class LiveSession:
     def _on_token(self, question: Question, piece: str | None) -> None:
         if piece is None:
             self.current = self.waiting.pop(id(question))[1]
-            self.current.put(("start", self.engine.video_t))
+            self.current.put(("start", self.engine.asked_t))
         else:
             self.current.put(piece)
 
@@ -156,16 +161,19 @@ class LiveSession:
         self.samples.append({
             "video_s": round(video_t, 2), "kv_tokens": s.kv_tokens, "kv_mb": s.kv_bytes / 2**20,
             "full_tokens": s.seen, "full_mb": s.seen * per_token / 2**20, "rss_mb": rss_mb(),
-            "torch_mb": torch_mb(), "budget_tokens": self.budget_tokens, "after": after})
+            "torch_mb": torch_mb(), "budget_tokens": self.budget_tokens, "after": after,
+            "store_mb": s.store.ram_bytes / 2**20 if s.store is not None else None})  # recall's RAM cache
 
     # --- from other threads ---------------------------------------------------------------------
 
     def ask(self, text: str, at: float | None = None, out=None):
-        """Queue a question for the next turn boundary (at video time `at`, if given, as `stream-qa --ask "… @T"`
-        does); returns `out` (anything with `put`, a new queue.Queue by default), which gets what the module's
-        docstring says."""
+        """Queue a question about every frame up to video time `at` (as `stream-qa --ask "… @T"` does); without
+        `at`, about every frame up to now (`FrameSource.asked_at`: a player's position, a camera's clock, the last
+        frame a client sent), else the next turn boundary. Returns `out` (anything with `put`, a new queue.Queue by
+        default), which gets what the module's docstring says."""
         self.last_active = time.monotonic()
         out = queue.Queue() if out is None else out
+        at = self.source.asked_at() if at is None else at
         with self.schedule.lock:
             if self.finished.is_set():
                 out.put(None)
@@ -173,6 +181,7 @@ class LiveSession:
             question = Question(text, at)
             self.waiting[id(question)] = (question, out)
             Schedule.add(self.schedule, question)
+        self.engine.cuts.add(at)  # the clip open at `at` closes there
         self.engine.wake()
         self._asked.set()
         return out
@@ -203,6 +212,6 @@ class LiveSession:
         self._asked.set()
         self.thread.join(timeout=10)
         if not self.thread.is_alive():  # a front end may hold a closed session's object a long time: let the cache go
-            if self.session is not None:
+            if getattr(self.session, "close", None) is not None:  # a pool's stream (a lone session holds no room)
                 self.session.close()  # its room in the pool is free for the next stream
             self.session = self.engine.session = None

@@ -32,6 +32,7 @@ class PushedFrames(FrameSource):
         self.max_bytes, self.queued_bytes = max_bytes, 0  # decoded bytes waiting: a frame count alone lets 16
         self.size: tuple[int, int] | None = None  # the session's frame size: the first frame's (H, W)
         self.last_t: float | None = None
+        self.kept_t: float | None = None  # the last frame kept: what "now" is for a question asked without a time
         self.pushed = 0
         self.ending = False
         self.waited_s = 0.0  # time spent waiting for the client's frames, left out of the ingest speed
@@ -64,10 +65,14 @@ class PushedFrames(FrameSource):
                 return False
             with self._bytes:
                 self.queued_bytes += frame.rgb.nbytes
-            self.last_t = frame.t
+            self.last_t = self.kept_t = frame.t
             self.due = max(self.due if self.due is not None else frame.t, frame.t - early) + self.interval
             self.pushed += 1
             return True
+
+    def asked_at(self) -> float | None:
+        """A question asked without a time is about every frame sent so far: asked at the last one kept."""
+        return self.kept_t
 
     def fitted(self, rgb: np.ndarray) -> np.ndarray:
         """A frame at the session's size: a camera that switches resolution mid-clip is resized, never a stream

@@ -1,7 +1,8 @@
 """When questions are asked: at a video time (`"what is it? @30s"`), every N seconds, or as soon as typed.
 
-A question at video time t is answered once every clip up to t has gone in; a question without a
-time is answered at the next turn boundary.
+A question at video time t is answered once every frame at or before t has gone in (the clip open at t is
+closed there for it), and its answer is stamped t; a question without a time is answered at the next turn
+boundary (a live front end first gives it the time it was asked: `LiveSession.ask`).
 """
 
 import re
@@ -37,13 +38,21 @@ def parse_time(text: str) -> float:
 
 
 def parse_ask(text: str) -> Question:
-    """"question" or "question @time"; an "@" not followed by a digit is part of the question."""
-    body, at, when = text.rpartition("@")
-    if at and body.strip() and re.match(r"-\s*\d", when.strip()):
-        raise QuestionError(f"a video time cannot be negative: @{when.strip()}")
-    if at and body.strip() and when.strip()[:1].isdigit():
+    """"question" or "question @time". A trailing "@word" is meant as a time: one that is not ("@banana") is refused
+    rather than asked as part of the question; an "@" followed by a space and a word is part of the question."""
+    body, at, after = text.rpartition("@")
+    when = after.strip()
+    if not (at and body.strip() and when) or any(c.isspace() for c in when):
+        return Question(_clean(text))
+    if re.match(r"-\s*\d", when):
+        raise QuestionError(f"a video time cannot be negative: @{when}")
+    if not when[:1].isdigit() and after[:1].isspace():  # "email me @ home"
+        return Question(_clean(text))
+    try:
         return Question(_clean(body), parse_time(when))
-    return Question(_clean(text))
+    except QuestionError:
+        raise QuestionError(f"@{when[:40]} is not a video time: end a question with one as @30s, @1m30s or @1:30 "
+                            "(an @ followed by a space is part of the question)") from None
 
 
 def _clean(text: str) -> str:
@@ -120,3 +129,7 @@ class Schedule:
     def rest(self) -> list[Question]:
         out, self.now, self.timed = self.now + self.timed, [], []
         return out
+
+    def times(self) -> list[float]:
+        """When the timed questions are asked: ingest closes a clip at each (`clips.Cuts`)."""
+        return [q.at for q in self.timed]

@@ -19,11 +19,12 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+from models.quiet import quiet_native_logs
 
 from .egress import proxy_for
 from .frames import Frame, FrameSource, SourceError  # noqa: F401 (re-exported: the sources' protocol)
@@ -32,25 +33,6 @@ from .urls import LOCAL, UrlPolicy, network_only, redact
 
 # ffmpeg inside OpenCV logs at this level (-8: quiet); our one-line SourceError says what went wrong
 os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")
-
-
-@contextmanager
-def quiet_native_logs():
-    """decord, ffmpeg and OpenCV print from C straight to fd 2 ("moov atom not found", "ERROR opening");
-    while a file is probed (one thread, before any telemetry) that goes to /dev/null instead."""
-    try:
-        sys.stderr.flush()
-        saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    except (OSError, ValueError):
-        yield
-        return
-    os.dup2(devnull, 2)
-    os.close(devnull)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
 
 
 def _import_decord():
@@ -190,9 +172,23 @@ class FileSource(FrameSource):
             i += 1
         cap.release()
 
+    started: float | None = None  # when a paced file began playing, on its clock
+    next_t: float | None = None  # the frame being paced: every frame before it has been yielded
+    yielded_t: float | None = None  # the newest frame handed over
+
+    def asked_at(self) -> float | None:
+        """How far a paced file has played (None for one read as fast as it decodes), at most a frame past the
+        newest frame handed over."""
+        if not self.realtime or self.started is None:
+            return None
+        return handed_over(min(self.clock() - self.started, self.duration * self.loops), self.yielded_t, 1 / self.fps)
+
+    def done_through(self, t: float) -> bool:
+        return self.realtime and self.next_t is not None and self.next_t > t
+
     def __iter__(self) -> Iterator[Frame]:
         indices = self.sample_indices()
-        start = self.clock()
+        start = self.started = self.clock()
         for loop in range(self.loops):
             if loop and not self.path.exists():  # each pass opens the file again
                 raise SourceError(f"{self.path} was deleted or moved while it played (after {loop} of {self.loops} "
@@ -205,8 +201,17 @@ class FileSource(FrameSource):
             for i, rgb in self._read_pass(indices):
                 t = loop * self.duration + i / self.native_fps
                 if self.realtime:
+                    self.next_t = t
                     self.waited_s += self.pace(start, t)
+                self.yielded_t = t
                 yield Frame(t, rgb)
+
+
+def handed_over(played: float, newest: float | None, step: float) -> float:
+    """The time a question asked now is about, for a source played to a clock: how far it has `played`, but at most
+    one frame (`step`) past the `newest` frame it handed to ingest. When ingest keeps up that is the clock; when it
+    falls behind (encoding slower than the video), the question waits for a frame of ingest's work, not for ever."""
+    return min(played, (newest if newest is not None else -step) + step)
 
 
 def _native_fps(fps) -> float:
@@ -278,8 +283,15 @@ class CaptureSource(FrameSource):
             self.waited_s += self.pace(start, t)
         return t
 
+    started: float | None = None
+
+    def asked_at(self) -> float | None:
+        """A camera's or a live stream's time on the wall clock (a served file or a pipe runs on its own)."""
+        return None if self.timed or self.started is None else self.clock() - self.started
+
     def __iter__(self) -> Iterator[Frame]:
         start, next_t, t = self.clock(), 0.0, 0.0
+        self.started = start
         try:
             while self.max_seconds is None or next_t < self.max_seconds:
                 if self._first is not None:  # the frame the opening check read

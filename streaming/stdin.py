@@ -2,10 +2,20 @@
 
 import os
 import select
+import stat
 import sys
 import threading
 
-from .questions import MAX_QUESTION_CHARS, QuestionError, Schedule, parse_ask
+from .questions import MAX_QUESTION_CHARS, Question, QuestionError, Schedule, parse_ask
+
+
+def piped() -> bool:
+    """Whether stdin is a pipe or a file someone gave it (`echo "…?" | stream-qa`), not a terminal or /dev/null."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (AttributeError, OSError, ValueError):  # closed, or a test runner's stand-in
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
 class StdinQuestions:
@@ -15,8 +25,11 @@ class StdinQuestions:
     `sys.stdin.buffer` holds that object's lock, and at interpreter shutdown (a terminal never sends
     EOF) Python aborts on it ("Fatal Python error", SIGABRT, exit 134)."""
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, now=lambda: None, cuts=None):
+        """`now()`: the video time a question typed without one is asked at (a paced source's `asked_at`; None: at the
+        next turn boundary); `cuts`: the engine's (`clips.Cuts`), told each question's time."""
         self.schedule, self.lock, self.error = schedule, threading.Lock(), None
+        self.now, self.cuts = now, cuts
         self.closed, self.eof = threading.Event(), threading.Event()
         if sys.stdin is None or sys.stdin.closed:
             self.eof.set()
@@ -55,8 +68,13 @@ class StdinQuestions:
     def _add(self, line: bytes) -> None:
         text = line.decode("utf-8").strip()
         if text:
+            question = parse_ask(text)
+            if question.at is None:
+                question = Question(question.text, self.now())
             with self.lock:
-                self.schedule.add(parse_ask(text))
+                self.schedule.add(question)
+            if self.cuts is not None:
+                self.cuts.add(question.at)
 
     def close(self) -> None:
         self.closed.set()
@@ -68,6 +86,10 @@ class StdinQuestions:
             raise self.error
         with self.lock:
             return self.schedule.due(t)
+
+    def times(self):
+        with self.lock:
+            return self.schedule.times()
 
     def rest(self):
         if not sys.stdin.isatty():  # a pipe: what it already holds is asked too

@@ -147,8 +147,8 @@ def _open_stream(args, pool, i, label, source, folder, spec, adapter, questions,
                         drop_when_full=source.live)
     asked = list(questions)
     if folder is not None and args.resume:
-        engine.resume_at, asked, line = folder.resume_into(pooled, asked)
-        engine.video_t = engine.resume_at[1]
+        resume_at, asked, line = folder.resume_into(pooled, asked)
+        engine.resume(resume_at)
         print(f"stream-qa: stream {i} ({label}): {line}", file=sys.stderr)
     elif folder is not None:
         folder.save_settings(settings[i - 1])

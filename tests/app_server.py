@@ -41,3 +41,16 @@ CHROMIUM = "/usr/bin/chromium"  # Debian's package: Playwright cannot download b
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--no-first-run", "--disable-sync",
                  "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]  # a fake camera
+
+
+@contextmanager
+def chromium(*extra: str):
+    """Debian's Chromium under Playwright, with the arguments every browser test needs (and `extra`)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, *extra])
+        try:
+            yield browser
+        finally:
+            browser.close()

@@ -76,7 +76,8 @@ def test_question_streams_its_answer_stamped_with_video_time(url):
     rows = [json.loads(line) for line in open(transcript)]
     assert len(rows) == 1 and set(rows[0]) >= {"video_t", "question", "answer", "ttft_s", "tokens_per_s",
                                                "kv_tokens", "kv_mb", "rss_mb"}
-    assert rows[0]["question"] == "what is the color of the shape?" and rows[0]["video_t"] == stamp
+    assert rows[0]["question"] == "what is the color of the shape?"
+    assert rows[0]["video_t"] == pytest.approx(stamp, abs=0.05)  # the chat stamps it to 0.1 s
     assert rows[0]["answer"] and rows[0]["answer"] in final
 
 

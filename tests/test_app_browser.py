@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from app_server import ARTEFACTS, CHROMIUM, CHROMIUM_ARGS, running_app
+from app_server import ARTEFACTS, CHROMIUM, chromium, running_app
 
 from app.measure import messages, set_budget, wait  # shared with the page measurements
 
@@ -22,12 +22,8 @@ def url():
 
 @pytest.fixture(scope="module")
 def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture
@@ -50,7 +46,7 @@ def new_page(browser, url):
 def stats(page) -> dict:
     """The numbers line: video seconds, clips, and the budget it reports."""
     text = page.inner_text("#stats")
-    m = re.search(r"video\s+([\d.]+) s · clips\s+(\d+)", text)
+    m = re.search(r"video\s+([\d.]+) s.*?· clips\s+(\d+)", text)
     budget = re.search(r"budget (\w+)", text)
     return {"video_s": float(m.group(1)), "clips": int(m.group(2)), "budget": budget and budget.group(1)} if m else {}
 
@@ -95,8 +91,27 @@ def plot_svg(page, elem="#tokens-plot") -> str:
     return page.inner_html(f"{elem} svg") if page.query_selector(f"{elem} svg") else ""
 
 
+def line_on_top(page, line="#2563eb", under="#fca5a5") -> tuple[int, int]:
+    """Pixels of the `line` colour and of the `under` colour in the rows where `under` runs (the budget line): when
+    the KV line sits at its budget, the line drawn last is the one seen there."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    shot = np.asarray(Image.open(io.BytesIO(page.locator("#tokens-plot").screenshot())).convert("RGB")).astype(int)
+
+    def like(colour):
+        return np.abs(shot - np.array(list(bytes.fromhex(colour[1:])))).sum(-1) < 40
+
+    row = int(like(under).sum(1).argmax())
+    return int(like(line)[row - 2:row + 3].sum()), int(like(under)[row - 2:row + 3].sum())
+
+
 def test_bundled_clip_plays_ingest_follows_it_and_a_question_is_answered(new_page):
     page = new_page()
+    assert not page.is_visible("#tokens-plot") and not page.is_visible("#process-plot")  # no empty boxes before Start
+    assert "press Start" in page.inner_text("#graphs-note")
     start(page, budget="96")  # small, so that the graph shows the bounded line leave the full one
     played = time.monotonic()
     play(page)
@@ -119,6 +134,14 @@ def test_bundled_clip_plays_ingest_follows_it_and_a_question_is_answered(new_pag
     wait(lambda: plot_svg(page) != first_plot)  # the graph moved on with the video
     wait(lambda: stats(page)["clips"] >= 7)  # past the budget: the KV line is flat, the full-cache line climbs
     assert page.query_selector("#mb-plot svg") and page.query_selector("#process-plot svg")
+    assert not page.is_visible("#graphs-note")
+    for elem in ("#tokens-plot", "#mb-plot", "#process-plot"):  # every memory axis from zero
+        assert re.search(r"Y-axis titled '[^']+' for a linear scale with values from 0 to", plot_svg(page, elem)), elem
+    kv, budget = line_on_top(page)
+    assert kv > budget, (kv, budget)  # where the KV line meets its budget, the KV line is seen
+    memory = plot_svg(page, "#process-plot")
+    assert 'series: span store"' in memory and 'series: store bound"' in memory  # what RSS holds, and its bound
+    assert "bound 1024 MB" in page.inner_text("#process-plot")
     # the app's default policy recalls: the first clip left the 96-token cache long ago and comes back
     answer = send(page, "what was on screen at the start?")
     assert "the start: clip 1" in answer and "recalled clip 1" in answer, answer

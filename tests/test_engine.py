@@ -194,7 +194,8 @@ def run_with_fault(vlm, video, kind, at, times=1, policy="inf_mllm", budget=96):
     engine = TurnEngine(vlm, session, clip_seconds=1.0, max_new_tokens=2)
     warnings, states = [], {}
     engine.warn = lambda text: warnings.append((text, session.kv_tokens, session.seen, session.turns))
-    schedule = Schedule([Question("what color is the shape?", 1.0), Question("what color is the shape?", 3.0)])
+    # asked after clips 1 and 3 (a question at t sees every frame at or before t; the frames are at 0, 1, 2, 3 s)
+    schedule = Schedule([Question("what color is the shape?", 0.5), Question("what color is the shape?", 2.5)])
 
     def on_clip(clip):
         states[clip.index] = (session.kv_tokens, session.seen, session.turns)

@@ -2,12 +2,14 @@
 folders, a loopback listener that counts what reaches it."""
 
 import json
+import re
 
 import httpx
 import pytest
 
+from jetson.reliability import edges
 from jetson.reliability.hostile import listener
-from jetson.reliability.server import TOKEN, serving
+from jetson.reliability.server import TOKEN, Row, run_rows, serving
 from streaming.sources import bundled_clip
 
 pytestmark = pytest.mark.slow  # a server of its own (~30 s to load the model)
@@ -53,3 +55,30 @@ def test_credentials_in_a_url_stay_in_memory(server):
             http.delete(f"/v1/sessions/{sid}")
     assert not any("hunter2" in p.read_text(errors="replace") for p in folders.rglob("*") if p.is_file()
                    and p.suffix in (".json", ".jsonl"))
+
+
+def _rows(http, table) -> list[dict]:
+    """`table`'s rows of the reliability table, run against this module's server."""
+    names = "|".join(re.escape(row.name) for row in table(Row))
+    rows = run_rows(str(http.base_url).rstrip("/"), None, only=f"^({names})$")
+    assert len(rows) == len(table(Row))
+    return rows
+
+
+def test_a_body_two_parsers_would_read_two_ways_is_refused_at_once_and_its_connection_closed(server):
+    """Content-Length with chunked (the shape that hung 30 s, and let a DELETE hidden in its body run), other
+    codings, lengths that differ, a chunked GET: each a 400 within 2 s on a raw socket that waits 3 s at most."""
+    http, _, process = server
+    bad = [r for r in _rows(http, edges.framing_rows) if not r["ok"]]
+    assert not bad, bad
+    assert process.poll() is None
+
+
+def test_a_source_that_names_nothing_is_a_422_naming_its_field_and_opens_nothing(server):
+    http, folders, _ = server
+    before = set(folders.iterdir()) if folders.exists() else set()
+    opened = http.get("/healthz").json()["sessions"]
+    bad = [r for r in _rows(http, edges.source_rows) if not r["ok"]]
+    assert not bad, bad
+    assert http.get("/healthz").json()["sessions"] == opened
+    assert (set(folders.iterdir()) if folders.exists() else set()) == before

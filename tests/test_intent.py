@@ -26,7 +26,8 @@ NOW = 40.0
     ("what did you see a minute ago?", "what", "ago", ()),
     ("have you seen any dogs?", "is", "past", ("dogs",)),
     ("what is on screen?", "what", "now", ()),
-    ("In clip 3, what is it?", "other", "named", ()),
+    ("In clip 3, what is it?", "what", "named", ()),  # the kind is read after the clip it names
+    ("in clip 12, how many cars are there?", "number", "named", ("cars",)),
     ("is there still a car?", "is", "now", ("car",)),
     ("were there any people at the start?", "is", "start", ("person",)),  # the labels' word for people
     ("did a bus go by in the last five minutes?", "is", "within", ("bus",)),
@@ -171,8 +172,13 @@ COUNTED = [{"clip": 1, "start": 0.0, "end": 4.0, "seen": "person, car", "objects
     ("how many people are there now?", COUNTED[:1], "2 people"),
     ("how many cars are there?", COUNTED[:2], "none"),  # counted, and its words hold no car either
     ("how many people were there at the start?", COUNTED, "2 people"),
-    ("how many bicycles did you see?", COUNTED, "1 bicycle"),  # the last clip that saw one
+    ("how many bicycles did you see?", COUNTED, "1 bicycle"),
+    ("how many people did you see?", COUNTED, "2 people"),  # the most any clip counted, not the last clip's 1
+    ("how many people did you see in the last five seconds?", COUNTED, "1 person"),  # clips 2-3 only
+    ("how many dogs did you see?", COUNTED, "none"),  # counted nowhere, named nowhere
     ("how many people are there?", COUNTED, "at least 1 (person named, none counted)"),  # the classifier's person
+    ("how many people are there?", COUNTED[:2] + [COUNTED[2] | {"boxes": [{"word": "person"}, {"word": "car"}]}],
+     "1 person"),  # the vote kept none, but the clip names one and its last frame boxes one
     ("how many rockets are there?", COUNTED[:2], None),  # not a thing the detector counts
     ("how many times did you see a person?", COUNTED, "once"),  # how often, not how many: one run of clips
 ])

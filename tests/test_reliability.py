@@ -44,6 +44,14 @@ def test_the_table_covers_forty_cases():
     assert len(CASES) >= 40 and len({c.name for c in CASES}) == len(CASES)
 
 
+def test_each_server_row_has_a_name_of_its_own():
+    """`--only` and the committed table find a row by its name: two rows of one name would run and read as one."""
+    from jetson.reliability.server import ROWS
+
+    names = [row.name for row in ROWS]
+    assert len(names) >= 190 and len(set(names)) == len(names)
+
+
 @pytest.mark.parametrize("name", IN_PROCESS)
 def test_cli_case(name, tmp_path, capsys, shared_model):
     import torch

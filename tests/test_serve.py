@@ -52,11 +52,11 @@ def test_pushed_frames_answer_as_server_sent_events_and_the_session_reports_itse
         assert set(kinds[:started]) <= {"waiting"} and kinds[-1] == "answer" and set(kinds[started + 1:-1]) <= {"token"}
         assert all(d["needed"] == 4.0 and d["video_t"] < 4.0 for e, d in events if e == "waiting")
         record = events[-1][1]
-        assert record["video_t"] == 4.0  # asked at 4 s: answered once the clip covering it was in
+        assert record["video_t"] == 4.0  # asked at 4 s: answered once every frame up to 4 s was in
         assert record["answer"] == "".join(d["text"] for e, d in events if e == "token").strip()
         assert record["kv_tokens"] > 0 and record["ttft_s"] > 0
         # the rest as one chunk of the video file, then the end: a question timed past the end says so; one asked
-        # after the end, untimed, is answered about what was seen
+        # after the end, untimed, is answered about every frame pushed, at the last one's time
         data = Path(bundled_clip()).read_bytes()
         pushed = session.push_video(data, start=6.0)
         assert pushed["from"] == 6.0 and pushed["to"] == pytest.approx(15.0) and pushed["frames"] == 16
@@ -65,9 +65,10 @@ def test_pushed_frames_answer_as_server_sent_events_and_the_session_reports_itse
         with pytest.raises(RemoteError, match=r"ended at 16.0 s of video, before this question's time \(100 s\)"):
             list(asked)
         late = session.answer("what is on screen?")
-        assert late["video_t"] == pytest.approx(16.0)
+        assert late["video_t"] == pytest.approx(15.0)
         state = session.state()
-        assert state["telemetry"]["clips"] == 8 and state["telemetry"]["answers"] == 2
+        # 0-1, 2-3, 4 (closed for the question at 4 s), 5-6, …, 13-14, 15
+        assert state["telemetry"]["clips"] == 9 and state["telemetry"]["answers"] == 2
         assert state["memory"]["kv_tokens"] <= 256 + 50 and state["budget_tokens"] == 256  # + question, answer
         assert [a["question"] for a in session.transcript()] == ["is there a bicycle now?", "what is on screen?"]
         metrics = client.http.get("/metrics").text

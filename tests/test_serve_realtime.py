@@ -84,18 +84,47 @@ def test_the_official_client_streams_a_minute_of_video_and_gets_the_native_answe
         for i, question in enumerate(QUESTIONS):
             for t in range(i * EVERY, (i + 1) * EVERY):
                 session.push(frames[t % len(frames)], float(t))
-            # the clips completed by the question: the last frames (a clip still filling) go in after it
-            expected.append(session.answer(question, at=float((i + 1) * EVERY - 2)))
+            # about every frame sent before it: asked at the last one's time
+            expected.append(session.answer(question, at=float((i + 1) * EVERY - 1)))
         budget = session.state()["budget_tokens"]
     finally:
         session.close()
         native.close()
     assert [r["answer"] for r in records] == [e["answer"] for e in expected]  # greedy, same settings and frames
-    assert [r["video_t"] for r in records] == [e["video_t"] for e in expected] == [10.0, 22.0, 34.0, 46.0, 58.0]
+    assert [r["video_t"] for r in records] == [e["video_t"] for e in expected] == [11.0, 23.0, 35.0, 47.0, 59.0]
     assert deltas == [r["answer"] for r in records] and all(deltas)
     assert all(r["kv_tokens"] <= budget + 64 for r in records)  # the cache at its budget (+ the question's turn)
     assert metric(url, "stream_qa_realtime_frames_total") >= 60
     assert metric(url, "stream_qa_realtime_connections ") == 0
+
+
+def test_a_burst_of_frames_without_times_and_a_question_are_answered_about_every_frame(server, frames):
+    """The official client sends 8 frames as OpenAI's protocol has them (no `t`), at once, then a question and
+    response.create: the frames are spaced at the session's rate (0-7 s at 1 fps), all 8 are taken, and the answer is
+    about them, at the last one's time (it used to be an error: a burst never filled a clip)."""
+    url, _, _ = server
+    client = OpenAI(base_url=f"{url}/v1", api_key=TOKEN)
+    with client.realtime.connect(model="tiny-vlm") as connection:
+        session_id = connection.recv().session.id
+        for frame in frames[:8]:
+            connection.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_image", "image_url": data_url(frame)}]})
+        connection.conversation.item.create(item=text_item("is there a car?"))
+        connection.response.create()
+        kept, done = [], None
+        for event in connection:
+            assert event.type != "error", event
+            if event.type == "conversation.item.created":
+                kept += [(p.model_extra["t"], p.model_extra["kept"]) for p in event.item.content
+                         if p.type == "input_image"]
+            if event.type == "response.done":
+                done = event.response
+                break
+        state = httpx.get(f"{url}/v1/sessions/{session_id}", headers={"Authorization": f"Bearer {TOKEN}"}).json()
+    assert kept == [(float(t), True) for t in range(8)]
+    record = done.usage.model_extra["stream_qa"]
+    assert done.status == "completed" and done.output[0].content[0].text and record["video_t"] == 7.0
+    assert state["telemetry"]["clips"] == 4 and state["telemetry"]["video_s"] == 7.0  # every frame in: 0-1 … 6-7
 
 
 def ws_url(url: str, query: str = "model=tiny-vlm") -> str:
@@ -181,7 +210,7 @@ def bad_rows(frame: bytes) -> list[tuple[str, object, str]]:
         ("nothing to answer", {"type": "response.create"}, "no_question"),
         ("a response that is not an object", {"type": "response.create", "response": 3}, "invalid_event"),
         ("a question with no frames", [item({"type": "input_text", "text": "what is on screen?"}),
-                                        {"type": "response.create"}], "no_complete_clip"),
+                                        {"type": "response.create"}], "no_frame"),
         ("not an image", item({"type": "input_image", "image_url": data_url(b"\x89PNG\r\n\x1a\nrubbish", "png")}),
          "invalid_request_error"),
         ("a 20000x20000 PNG", item({"type": "input_image", "image_url": data_url(png_announcing(20000, 20000),
@@ -292,7 +321,8 @@ def test_a_session_continues_on_a_new_connection_from_its_folder(server, frames)
         assert closed.value.rcvd.code == 1008 and "already has" in closed.value.rcvd.reason
     with opened(url, f"model=tiny-vlm&session={session_id}") as ws:  # at once: the last one may still be closing
         created = until(ws, "session.created")["session"]
-        assert created["id"] == session_id and created["stream_qa"]["stored_clips"] == 3  # 0-1, 2-3, 4-5
+        # 0-1, 2-3, 4-5, and 6-7: the question after frame 7 closed the last clip there
+        assert created["id"] == session_id and created["stream_qa"]["stored_clips"] == 4
         send(ws, {"type": "conversation.item.create", "item": image_item(frames[0], 1.0)})  # before what is stored
         assert until(ws, "error")["error"]["code"] == "invalid_value"
         send(ws, {"type": "conversation.item.create", "item": text_item("what did you see?")})

@@ -285,6 +285,11 @@ CASES = [
     Case("20-round --soak whose RSS falls under noise (its verdict)", "library", PLAYS, lambda t: [],
          call=_short_soak_with_falling_rss, code=0, meta={"answers": 0},
          notes="was FAIL: a negative slope whose interval was too wide to judge"),
+    Case("question ending in @banana (not a time)", "cli", r"@banana is not a video time",
+         lambda t: [clip(), "--ask", "what is it? @banana", "--fast"], notes="was asked with '@banana' in it"),
+    Case("--budget 1 (below one clip turn and a question)", "cli",
+         r"budget of 1 token per layer cannot hold one clip turn and a question of tiny-vlm",
+         lambda t: [clip(), "--budget", "1", *ASK], notes="was refused only after the model loaded"),
     # library
     Case("RGBA frames to adapter.encode", "library", r"frames must be uint8 \(T, H, W, 3\)",
          lambda t: [np.zeros((1, 32, 32, 4), np.uint8)], call=_encode),

@@ -24,7 +24,7 @@ from PIL import Image
 
 from streaming.remote import encoded
 
-from . import hostile
+from . import edges, hostile
 from .media import clip, write_video
 
 TOKEN = "reliability-token"
@@ -144,9 +144,11 @@ def _many_opens(ctx: Ctx, count: int = 500) -> dict:
 
 
 def _questions_over_limit(ctx: Ctx) -> httpx.Response:
-    """More questions in flight than the server takes: a session with no clip yet holds its questions."""
+    """More questions in flight than the server takes: untimed ones after one frame, each held while the one before
+    it is answered (a session that has taken no frame refuses them with 409, so one frame goes first)."""
     sid = pushing(ctx)
     try:
+        ctx.frame(sid, jpeg(), 0.0).raise_for_status()
         for _ in range(min(ctx.limits["max_questions"], ctx.limits["max_session_questions"])):
             _ask_and_leave(ctx, sid)
         return ctx.http.post(f"/v1/sessions/{sid}/questions", json={"text": "what is on screen?", "stream": False})
@@ -311,6 +313,7 @@ ROWS = [
     Row("500 opens at once", 0, _many_opens),
 ]
 ROWS += hostile.rows(Row, _pushed_then)
+ROWS += edges.rows(Row)
 
 
 def judge(row: Row, result) -> dict:

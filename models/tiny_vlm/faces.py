@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image
 
 from inf_mllm import AssetError
+from models.quiet import quiet_native_logs
 
 MODEL = "face_detection_full_range.tflite"  # 192×192 input; faces up to ~5 m from the camera
 MIN_SCORE = 0.5  # MediaPipe's detection threshold
@@ -50,8 +51,9 @@ class FaceDetector:
             from ai_edge_litert.interpreter import Interpreter
         except ImportError as err:
             raise AssetError(f"no TFLite runtime for BlazeFace: {INSTALL}") from err
-        self.interpreter = Interpreter(model_path=str(model_path()), num_threads=threads)
-        self.interpreter.allocate_tensors()
+        with quiet_native_logs():  # the runtime's INFO line about its CPU delegate, on every run
+            self.interpreter = Interpreter(model_path=str(model_path()), num_threads=threads)
+            self.interpreter.allocate_tensors()
         source = self.interpreter.get_input_details()[0]
         self.input, self.size = source["index"], int(source["shape"][1])
         # two outputs: box regressors (…, 16) and one score logit per anchor (…, 1)

@@ -114,6 +114,11 @@ class TinyVLM(TinyTurns, VideoAdapter):
     name = "tiny-vlm"
     past_answers_stay = False  # one-word answers: "yes" about a past clip sways the next question about the present
 
+    @property
+    def copies_words(self) -> bool:
+        """Its clip turns carry their labels as text, which its "what" answers copy (`VideoAdapter.answer_words`)."""
+        return self.label_mode == "text"
+
     def __init__(self, weights: str | Path = WEIGHTS, device: str = "cpu", trained: bool = True,
                  snap_to_vocabulary: bool = True, labels: str = "text", clip_end_anchor: bool = False,
                  perception: str | dict | None = None):

@@ -2,8 +2,10 @@
 `image_url` parts, a one-shot question about the frames given, answered on a bounded session opened for it and closed
 after it: the same hosted session the native routes use, pushed the frames in order, ended, then asked (no second
 engine). Frames are `data:` URLs (JPEG or PNG; the server fetches nothing), at 1 s apart unless a part says its
-video time (`image_url.t`, an extension); the question is the last user message's text. `stream: true` answers as
-`chat.completion.chunk` server-sent events ended by `data: [DONE]`. Decoding is greedy, as every answer here is."""
+video time (`image_url.t`, an extension); the question is the last user message's text, answered after every frame
+of the request is in, at the last frame's time. `stream: true` answers as `chat.completion.chunk` server-sent events
+ended by `data: [DONE]`. Decoding is greedy, as every answer here is: `temperature` and `top_p` are taken (OpenAI's
+tools send 0.7 or 1) and not applied, and `usage.stream_qa.decoding` says so."""
 
 import asyncio
 import base64
@@ -55,8 +57,8 @@ class Message(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    """OpenAI's chat completion body, the fields this server honours; sampling fields are taken only at their greedy
-    values (temperature 0, top_p 1, n 1)."""
+    """OpenAI's chat completion body, the fields this server honours; the sampling fields within OpenAI's own ranges
+    are taken and answered greedily (`decoding` in the answer's `usage.stream_qa` says so); one choice (`n` 1)."""
 
     model_config = ConfigDict(extra="forbid")
     model: str = Field(max_length=200)
@@ -65,8 +67,8 @@ class ChatRequest(BaseModel):
     stream_options: dict | None = None
     max_tokens: int | None = Field(None, ge=1, le=512)
     max_completion_tokens: int | None = Field(None, ge=1, le=512)
-    temperature: float | None = Field(None, ge=0, le=0, description="greedy decoding only")
-    top_p: float | None = Field(None, ge=1, le=1)
+    temperature: float | None = Field(None, ge=0, le=2, description="taken; answers are decoded greedily")
+    top_p: float | None = Field(None, gt=0, le=1, description="taken; answers are decoded greedily")
     n: int | None = Field(None, ge=1, le=1)
     seed: int | None = None
     user: str | None = Field(None, max_length=256)
@@ -94,7 +96,7 @@ async def chat_completions(req: ChatRequest, srv: Server = SERVER):
     except BaseException:
         await run_in_threadpool(srv.sessions.close, hosted.id)
         raise
-    reply = Reply(req.model, req.stream_options)
+    reply = Reply(req.model, req.stream_options, decoding(req))
     if req.stream:
         return StreamingResponse(reply.chunks(srv, hosted, answering), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
@@ -109,6 +111,13 @@ async def chat_completions(req: ChatRequest, srv: Server = SERVER):
                 return reply.completion(answering.answered(item), pieces)
     finally:
         await run_in_threadpool(srv.sessions.close, hosted.id)
+
+
+def decoding(req: ChatRequest) -> str:
+    """How the answer was decoded, in words: greedy, and which sampling fields asked otherwise."""
+    asked = [f"{k} {v:g}" for k, v, greedy in (("temperature", req.temperature, 0), ("top_p", req.top_p, 1))
+             if v is not None and v != greedy]
+    return "greedy" + (f" ({', '.join(asked)} taken, not applied)" if asked else "")
 
 
 def read_messages(messages: list[Message], max_bytes: int) -> tuple[str, list[tuple[bytes, float]]]:
@@ -157,19 +166,18 @@ class Reply:
     """An answer record as OpenAI's chat completion (whole, or as chunks); `usage` counts the answer's tokens and
     carries the record (`stream_qa`: KV tokens, time to first token, what was looked up and recalled)."""
 
-    def __init__(self, model: str, stream_options: dict | None):
-        self.id, self.model = f"chatcmpl-{uuid.uuid4().hex[:24]}", model
+    def __init__(self, model: str, stream_options: dict | None, decoding: str = "greedy"):
+        self.id, self.model, self.decoding = f"chatcmpl-{uuid.uuid4().hex[:24]}", model, decoding
         self.created, self.usage = int(time.time()), bool((stream_options or {}).get("include_usage"))
 
     def _head(self, kind: str) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
 
-    @staticmethod
-    def _usage(record: dict, pieces: int) -> dict:
+    def _usage(self, record: dict, pieces: int) -> dict:
         """`prompt_tokens`: the bounded KV cache the answer read (frames and question as they stand after eviction);
         `completion_tokens`: the answer's streamed pieces (a token each)."""
         return {"prompt_tokens": record["kv_tokens"], "completion_tokens": pieces,
-                "total_tokens": record["kv_tokens"] + pieces, "stream_qa": record}
+                "total_tokens": record["kv_tokens"] + pieces, "stream_qa": record | {"decoding": self.decoding}}
 
     def completion(self, record: dict, pieces: int) -> dict:
         message = {"role": "assistant", "content": record["answer"]}

@@ -1,6 +1,11 @@
 """A question to a session: its limits (its session's, the server's), then its answer as server-sent events
 (`waiting` while the video has not reached its time; `start`, `token`…, `answer`; `error` if the stream ended
-first) or, with `"stream": false`, the answer's record alone."""
+first) or, with `"stream": false`, the answer's record alone.
+
+A question with `at` is answered once every frame at or before video time `at` is in, stamped `at`; without it,
+it is about everything sent so far: a pushed-frames session answers it after the last frame pushed (asked at that
+frame's time), a pulled file or URL at the time it has played to. A pushed-frames session that has taken no frame
+yet refuses it at once (409): there is nothing to answer about, and nothing it would wait for."""
 
 import asyncio
 import json
@@ -22,6 +27,10 @@ router = APIRouter(prefix="/v1/sessions/{session_id}", dependencies=AUTHORISED)
 async def ask(session_id: str, req: AskRequest, srv: Server = SERVER):
     hosted = await srv.find(session_id)
     admit(srv, hosted.live)
+    pushed = hosted.pushed
+    if req.at is None and pushed is not None and pushed.kept_t is None and not hosted.live.engine.has_clips:
+        raise Refused(409, f"this session has taken no frame yet ({pushed.pushed} pushed and kept none): push "
+                           "frames, then ask; or ask with at=T to wait for video time T")
     answering = Answering(srv, hosted, req)
     if req.stream:
         return StreamingResponse(answering.events(srv.config.sse_batch_ms / 1e3), media_type="text/event-stream",

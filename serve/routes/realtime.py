@@ -8,9 +8,10 @@ a bounded session and asks about it.
   `max_output_tokens`, `model`, and the extension key `stream_qa`'s session settings, changed only before the
   session's first frame (it is reopened with them).
 - `conversation.item.create`, a user message: `input_image` parts (JPEG/PNG `data:` URLs) are frames at their
-  extension field `t` (seconds) or their arrival time; `input_text` parts are the question.
-- `response.create` answers it about the clips completed so far (a clip still filling goes in with the frame that
-  closes it), streamed as OpenAI streams text; `response.done`'s `usage.stream_qa` is the answer's record.
+  extension field `t` (seconds), else at their arrival time but at least one frame interval (the session's fps)
+  after the frame before (a burst is spaced at the session's rate); `input_text` parts are the question.
+- `response.create` answers it about every frame sent before it (the clip still filling closes at the last one),
+  streamed as OpenAI streams text; `response.done`'s `usage.stream_qa` is the answer's record.
 - What cannot be done (audio, tools, a bad event) is an `error` event and the connection stays; a full server is an
   `error` event, then a close (1013) that says when to retry; idle past `--idle`, the connection closes. On close the
   session is closed too, its folder (with `--sessions`) kept for `?session=ID`.
@@ -36,7 +37,7 @@ from ..sessions import Refused
 from . import realtime_events as events
 from .media import decode_image, push
 from .questions import Answering, admit
-from .realtime_events import BadEvent, ClipClock
+from .realtime_events import BadEvent
 
 router = APIRouter()
 TRY_AGAIN_LATER, POLICY_VIOLATION = 1013, 1008  # WebSocket close codes (RFC 6455, IANA registry)
@@ -49,7 +50,6 @@ class Connection:
     def __init__(self, srv: Server, ws: WebSocket):
         self.srv, self.ws, self.config = srv, ws, srv.config
         self.hosted, self.instructions, self.question = None, "", []
-        self.clock: ClipClock | None = None
         self.stored_clips = 0  # a resumed session's: questions can be asked before any new clip
         self.since: tuple[float, float] | None = None  # (arrival clock, video time) of this connection's first frame
         self.arrivals: deque = deque()  # recent frames' arrival times: the per-connection frame rate
@@ -124,7 +124,6 @@ class Connection:
         self.srv.realtime[self.hosted.id] = self
         if self.srv.held is not None:  # behind Ray Serve: the router learns which replica holds it
             await self.srv.held(self.hosted.id)
-        self.clock = ClipClock(settings.clip_seconds)
 
     async def resume(self, session_id: str, model: str) -> None:
         other = self.srv.realtime.get(session_id)
@@ -142,7 +141,6 @@ class Connection:
             raise Refused(409, f"this session runs {hosted.live.settings.model}, not {model}")
         self.srv.realtime[hosted.id] = self
         self.hosted, self.stored_clips = hosted, hosted.live.engine.resume_at[0]
-        self.clock = ClipClock(hosted.live.settings.clip_seconds)
 
     def described(self) -> dict:
         """The session as OpenAI describes one, with its `stream_qa` settings and state."""
@@ -278,8 +276,10 @@ class Connection:
         self.arrivals.append(now)
 
     def frame_time(self, given: float | None) -> float:
-        """A frame's video time: its given `t`, or its arrival time after this connection's first frame (which
-        follows what a resumed session stored)."""
+        """A frame's video time: its given `t`; else its arrival time after this connection's first frame (which
+        follows what a resumed session stored), but never sooner than one frame interval (the session's fps) after
+        the frame before it: frames sent in a burst are spaced at the session's rate, so none is let go as too soon
+        and every one is in the next answer."""
         pushed, now = self.hosted.pushed, time.monotonic()
         start = self.hosted.live.engine.resume_at[1]
         if self.since is None:
@@ -289,7 +289,7 @@ class Connection:
                 raise BadEvent("invalid_value", f"t {given:g} s: this session's stored video runs to {start:g} s")
             return float(given)
         t = self.since[1] + (now - self.since[0])
-        return t if pushed.last_t is None else max(t, pushed.last_t + 1e-3)
+        return t if pushed.last_t is None else max(t, pushed.last_t + 1.0 / self.hosted.live.settings.fps)
 
     async def push_frame(self, data: bytes, t: float) -> bool:
         """The frame pushed into the session (decoded only if its rate keeps it); whether it was kept."""
@@ -297,10 +297,7 @@ class Connection:
         skipped = pushed.skipped
         await push(self.srv, pushed, lambda: decode_image(data), t)
         self.srv.metrics.realtime_frames.inc()
-        kept = pushed.skipped == skipped
-        if kept:
-            self.clock.kept(t)
-        return kept
+        return pushed.skipped == skipped
 
     # --- response.create -------------------------------------------------------------------------
 
@@ -314,13 +311,11 @@ class Connection:
         events.text_only(response, "response")
         if not self.question:
             raise BadEvent("no_question", "nothing to answer: send a user message with an input_text part first")
-        at = self.clock.asked_at()
-        if at is None and not self.stored_clips:
-            raise BadEvent("no_complete_clip", "no clip is complete yet: a clip is "
-                                               f"{self.hosted.live.settings.clip_seconds:g} s of frames, and goes in "
-                                               "once a frame after it comes")
+        if self.hosted.pushed.kept_t is None and not self.stored_clips:
+            raise BadEvent("no_frame", "no frame has been taken yet: send input_image frames, then ask")
         admit(self.srv, self.hosted.live)
-        answering = Answering(self.srv, self.hosted, AskRequest(text=" ".join(self.question), at=at))
+        # about every frame sent before it: asked at the last one, whose clip closes there (`LiveSession.ask`)
+        answering = Answering(self.srv, self.hosted, AskRequest(text=" ".join(self.question)))
         self.question = []
         self.answering = asyncio.create_task(self.stream(answering))
         self.answering.add_done_callback(_quiet)

@@ -1,12 +1,11 @@
 """What a Realtime client's events may carry (`routes/realtime.py`), read and checked before anything is done:
-the session settings of a `session.update`, a user message's parts, and where the answerable video ends."""
+the session settings of a `session.update` and a user message's parts."""
 
 import uuid
 from dataclasses import replace
 
 from pydantic import ValidationError
 
-from streaming.clips import clip_end
 from streaming.hosted import MODELS, Settings
 
 from ..schema import SessionSettings
@@ -42,27 +41,6 @@ def new_id(prefix: str) -> str:
 def said(err: Refused) -> str:
     """A route's refusal as an `error` event says it: its line, and when to retry."""
     return err.message + (f"; retry in {err.retry_after:g} s" if err.retry_after else "")
-
-
-class ClipClock:
-    """Which of the pushed frames a question can be answered about: the clips completed so far, as the engine groups
-    them (`streaming.clips.grouped`: a clip starts at a frame `clip_seconds` or more after its first). A question is
-    asked at the video time where the last completed clip ends (or the filling clip begins, if sooner), so the answer
-    is the same however far the model has got: the native API's answer to the question asked `at` that time."""
-
-    def __init__(self, clip_seconds: float):
-        self.clip_seconds, self.filling, self.complete = clip_seconds, [], []
-
-    def kept(self, t: float) -> None:
-        if self.filling and t - self.filling[0] >= self.clip_seconds:
-            self.complete, self.filling = self.filling, []
-        self.filling.append(t)
-
-    def asked_at(self) -> float | None:
-        """None when no clip of this connection's is complete (then only what a resumed session stored is asked)."""
-        if not self.complete:
-            return None
-        return min(self.filling[0], clip_end(self.complete, self.clip_seconds))
 
 
 def read_session(session, current: Settings, instructions: str) -> tuple[Settings, str]:

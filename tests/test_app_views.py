@@ -1,0 +1,95 @@
+"""What the page shows of a real session: the real tiny-vlm on bikes.mp4, its frames released by the player positions
+the page's timer reports (`Handlers.tick` with a real `gr.Video`), read back through the functions the page draws
+from. No browser: tests/test_app_browser.py looks at the same plots in Chromium."""
+
+import time
+
+import gradio as gr
+import pytest
+
+from app.handlers import Handlers, answered
+from app.ui import build
+from app.views import FULL, KV, RSS, STORE, STORE_CAP, WEIGHTS, numbers, store_of
+from streaming.engine import Answer
+
+
+def until(done, timeout=120.0):
+    """Wait for `done()` on a machine whose cores may be busy; the bound is a hang guard, not a timing."""
+    deadline = time.monotonic() + timeout
+    while not (value := done()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return value
+
+
+def tick(chat, position, history=()):
+    """One tick of the page's timer: (plots' updates and the note's, numbers, chat, detector view)."""
+    return Handlers.tick(gr.Video(playback_position=position), chat, list(history), True)
+
+
+@pytest.fixture(scope="module")
+def chat():
+    handlers = Handlers()
+    chat, history, _ = handlers.start(None, [], "Bundled clip", "bikes.mp4", None, 0, "tiny-vlm", "inf_mllm+recall",
+                                      "96", None, None)
+    assert chat is not None, history
+    tick(chat, 9.8)  # the player near the clip's end: frames up to 9 s may go in
+    assert until(lambda: chat.telemetry()["clips"] >= 4)
+    yield chat
+    handlers.release(chat)
+
+
+def test_before_a_session_a_note_stands_where_the_plots_will_be():
+    demo = build()
+    plots = {b.elem_id: b for b in demo.blocks.values() if isinstance(b, gr.LinePlot)}
+    assert set(plots) == {"tokens-plot", "mb-plot", "process-plot"}
+    assert all(not p.visible and p.title and p.y_lim == [0, None] for p in plots.values())  # hidden; memory from 0
+    note = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "graphs-note")
+    assert note.visible and "press **Start**" in note.value
+    updates = Handlers.tick(None, None, [], True)
+    assert all(u == gr.skip() for u in updates[:4])  # no session: plots and note stay as they are
+    assert updates[4] == numbers(None) == "No session yet: pick a source and press **Start**."
+
+
+def test_the_kv_line_is_drawn_last_and_the_store_is_plotted_with_its_bound(chat):
+    tokens, mb, process, note, stats = tick(chat, 9.8)[:5]
+    assert tokens["visible"] and mb["visible"] and process["visible"] and note == gr.update(visible=False)
+    drawn = list(dict.fromkeys(tokens["value"]["series"]))  # the plot draws series in the order they come
+    assert drawn == ["budget", FULL, KV]  # the KV line on top of the budget it sits at
+    assert tokens["value"].query("series == 'budget'")["value"].eq(96).all()
+    assert list(dict.fromkeys(process["value"]["series"])) == [STORE_CAP, WEIGHTS, STORE, RSS]
+    frame, store = process["value"], store_of(chat)
+    cap = frame.query(f"series == '{STORE_CAP}'")["value"]
+    assert cap.eq(store.ram_cap / 2**20).all() and cap.iloc[0] == 1024  # the default 1 GiB RAM tier
+    held = frame.query(f"series == '{STORE}'")["value"]
+    assert held.is_monotonic_increasing and 0 < held.iloc[-1] <= store.ram_bytes / 2**20  # a clip's KV each turn
+    assert 400 < frame.query(f"series == '{WEIGHTS}'")["value"].iloc[0] < 700  # SmolLM2-135M in fp32
+    assert "span store, every clip's KV kept for recall" in process["caption"] and "bound 1024 MB" in process["caption"]
+    assert f"span store {store.ram_bytes / 2**20:.0f} of 1024 MB" in numbers(chat) and "budget 96)" in stats
+    assert "last answer" in stats and "(lap" not in stats  # first play of the clip
+
+
+def test_a_loop_of_the_player_is_said_once_and_the_numbers_show_the_lap(chat):
+    tick(chat, 9.9)
+    history = tick(chat, 0.4)[5]  # wrapped from the end to the start: lap 2
+    said = [m["content"] for m in history if "looped" in m["content"]]
+    assert len(said) == 1 and said[0].startswith("↻ bikes.mp4 looped: lap 2 begins at video time 10.4 s"), said
+    assert tick(chat, 2.5, history)[5] == gr.skip()  # said once, not every tick; frames to 12 s go in
+    assert until(lambda: chat.telemetry()["video_s"] > 10)
+    assert "(lap 2 of the 10-s clip)" in numbers(chat)
+
+
+def test_an_answer_read_off_the_clip_log_shows_no_tokens_per_second(chat):
+    def answer(question):
+        out = chat.ask(question)
+        while not isinstance(item := out.get(timeout=120), Answer):
+            assert item is not None, "the stream ended before the answer"
+        return item
+
+    logged = answer("how many times did you see a car?")
+    assert logged.source == "clip log"
+    line = answered("", logged)
+    assert "tokens/s" not in line and line.count("read off the clip log") == 1 and "s to first token" in line, line
+    assert "**last answer** read off the clip log in" in numbers(chat)
+    modelled = answer("what is on screen?")
+    assert modelled.source == "model" and f"{modelled.tokens_per_s:.0f} tokens/s" in answered("", modelled)
+    assert "tokens/s" in numbers(chat).split("**last answer**")[1]
