@@ -45,7 +45,7 @@ class Telemetry:
     clips: int = 0
     dropped: int = 0
     video_s: float = 0.0
-    ingest_s: float = 0.0  # wall time the ingest thread spent decoding and encoding
+    ingest_s: float = 0.0  # seconds spent decoding (the reader thread) and encoding (the ingest thread)
     failed: int = 0  # clip turns dropped because their prefill raised
     oom_retries: int = 0  # prefills retried after an out-of-memory error, with a tighter budget
 
@@ -86,20 +86,25 @@ class Ingest:
         self.index, self.skip_before = resume_at
         self.error: BaseException | None = None
         self._frames: queue.Queue = queue.Queue(maxsize=1)  # a frame read ahead at most: little memory held
-        self._t0 = 0.0
+        self._read_s = 0.0  # decoding work of the reader thread, its waits for the video left out
+        self._read_counted = 0.0  # the part of it counted into the clips emitted so far
 
     # --- the reader thread ----------------------------------------------------------------------
 
     def _read(self, source) -> None:
         frames_in = iter(source)
+        started = self._clock(source)
         try:
-            for frame in frames_in:
+            while (frame := next(frames_in, None)) is not None:
                 if self.stop.is_set():
                     return
-                if frame.t < self.skip_before:  # a resumed session holds it already
-                    self._t0 = self._clock(source)
-                elif not self._offer(frame):
+                if frame.t < self.skip_before:  # a resumed session holds it already: its decoding is not ingest
+                    started = self._clock(source)
+                    continue
+                self._read_s += self._clock(source) - started
+                if not self._offer(frame):
                     return
+                started = self._clock(source)
         except BaseException as err:  # handed to the model thread, which reports it
             self.error = err
         finally:
@@ -118,7 +123,6 @@ class Ingest:
     # --- the ingest thread ----------------------------------------------------------------------
 
     def run(self, source) -> None:
-        self._t0 = self._clock(source)
         self.cuts.wake = lambda: _nudge(self._frames)
         reader = threading.Thread(target=self._read, args=(source,), name="frames", daemon=True)
         reader.start()
@@ -172,14 +176,17 @@ class Ingest:
         return time.perf_counter() - source.waited_s
 
     def _emit(self, frames, times, end: float, cut: bool, source) -> None:
+        """A clip's ingest work is its encoding here plus its frames' decoding on the reader thread, which runs
+        ahead in parallel: the ingest thread's own wall time would count the reader's waits for the video."""
+        started = time.perf_counter()
         with torch.inference_mode():
             visual = self.adapter.see(np.stack(frames), times)
-        spent = self._clock(source) - self._t0
+        read_s, self._read_counted = self._read_s - self._read_counted, self._read_s
+        spent = time.perf_counter() - started + read_s
         self.telemetry.ingest_s += spent
         self.telemetry.video_s += end - times[0]
         self.index += 1
         self.put(Clip(self.index, times[0], end, visual, spent, shown(frames[-1]), times[-1], cut))
-        self._t0 = self._clock(source)
 
     def put(self, item, force: bool = False) -> None:
         """Queue a clip (or, `force`d, the end): never dropped, but given up once the model thread has stopped."""

@@ -82,3 +82,11 @@ def test_a_source_that_names_nothing_is_a_422_naming_its_field_and_opens_nothing
     assert not bad, bad
     assert http.get("/healthz").json()["sessions"] == opened
     assert (set(folders.iterdir()) if folders.exists() else set()) == before
+
+
+def test_an_untimed_question_on_a_session_that_took_no_frame_is_refused_at_once(server):
+    """Every pushed frame refused (undecodable), then a question without `at`: nothing will ever come to answer it
+    from, so a 4xx within 2 s (it waited past 30 s)."""
+    http, _, _ = server
+    (row,) = _rows(http, lambda Row: [r for r in edges.rows(Row) if r.name.startswith("untimed question")])
+    assert row["ok"], row
