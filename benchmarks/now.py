@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -77,8 +78,7 @@ def app_path() -> list:
             while (held["player"].yielded_t or 0) < int(t):  # the viewer asks once ingest is up with the player
                 time.sleep(0.01)
             out = live.ask(QUESTION)
-            while not hasattr(got := out.get(timeout=300), "answer"):
-                pass
+            got = next(item for item in iter(partial(out.get, timeout=300), object()) if hasattr(item, "answer"))
             rows.append((t, got.video_t, got.answer))
     finally:
         live.close()
