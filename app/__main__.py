@@ -6,10 +6,11 @@ import argparse
 import os
 
 from models.quiet import quiet_loaders
-from streaming.checks import one_line
-from streaming.service import IDLE_CLOSE_S
+from streaming.errors import one_line
+from streaming.settings import IDLE_CLOSE_S
 
-from .chat import add_checkpoint
+from streaming.hosted import Host
+
 from .ui import launch
 
 
@@ -29,12 +30,13 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     if not args.verbose:
         quiet_loaders()
+    host = Host()
     for folder in args.hf:
         try:
-            print(f"offering {add_checkpoint(folder)}")
+            print(f"offering {host.add_checkpoint(folder)}")
         except ValueError as err:
             raise SystemExit(f"python -m app: {one_line(err)}") from None
-    launch(args.port, idle_s=args.idle, max_upload_mb=args.max_upload_mb, clock_speed=args.clock_speed)
+    launch(args.port, idle_s=args.idle, max_upload_mb=args.max_upload_mb, clock_speed=args.clock_speed, host=host)
 
 
 if __name__ == "__main__":

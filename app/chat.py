@@ -1,18 +1,21 @@
-"""One browser tab's session: a live session on its model's shared pool (streaming/hosted.py).
+"""One browser tab's session: a hosted live session (streaming/hosted.py) with what the page keeps of it.
 
-The engine's model thread answers questions at turn boundaries; the session hands each question's tokens to the
-page event that asked it, keeps the memory series for the graph (sampled after every turn) and ends everything on
+The engine's model thread answers questions at turn boundaries; the session hands each question's events to the page
+event that asked it, keeps the memory series for the graph (sampled after every turn) and ends everything on
 `close()`, called when the page leaves or the session idles out.
 """
 
-from streaming.hosted import (  # noqa: F401  (the page's names for them)
-    CHECKPOINTS,
-    MODELS,
-    BadInput,
-    Settings,
-    _adapters,
-    add_checkpoint,
-    shared_adapter,
-    shared_pool,
-)
-from streaming.hosted import HostedSession as Chat  # noqa: F401
+from pathlib import Path
+
+from streaming.hosted import HostedSession
+
+
+class Chat(HostedSession):
+    """A tab's session and the page's own state of it: where its transcript is written, whether the looping player's
+    lap was said, which clip the detector's view last drew."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.transcript_path: Path | None = None
+        self.lap_said = False
+        self.drawn = False  # the clip last drawn (None: drawn with the boxes off; False: none yet)

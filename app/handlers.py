@@ -5,16 +5,20 @@ session go when its tab closes or idles. One `Handlers` per page (`ui.build`), h
 import json
 import tempfile
 import uuid
+from dataclasses import fields
 from pathlib import Path
 
 import gradio as gr
 import numpy as np
 
+from streaming.events import Done, Handler, Started, Token, Unanswered
+from streaming.hosted import Host
 from streaming.provenance import notes
 from streaming.questions import MAX_QUESTION_CHARS
+from streaming.settings import BadInput, Settings
 from streaming.sources import CaptureSource, SourceError, bundled_clip
 
-from .chat import BadInput, Chat, Settings
+from .chat import Chat
 from .sources import BrowserCamera, PlaybackSource
 from .views import memory_note, numbers, say, series, sighted, sighted_label
 
@@ -50,9 +54,14 @@ def number(text, kind, name):
         raise BadInput(f"{name} {text!r} is not a{'n integer' if kind is int else ' number'}") from None
 
 
+# the settings the page lays out by hand (the model and the cache); every other one gets a control of its own
+PAGE_SETTINGS = ("model", "policy", "budget", "bias", "window")
+MORE_SETTINGS = tuple(f.name for f in fields(Settings) if f.name not in PAGE_SETTINGS)
+
+
 def write_transcript(chat: Chat) -> str:
     TRANSCRIPTS.mkdir(exist_ok=True)
-    if not hasattr(chat, "transcript_path"):
+    if chat.transcript_path is None:
         chat.transcript_path = TRANSCRIPTS / f"transcript-{uuid.uuid4().hex[:12]}.jsonl"
     chat.transcript_path.write_text("".join(json.dumps(a.as_dict()) + "\n" for a in chat.transcript))
     return str(chat.transcript_path)
@@ -72,7 +81,7 @@ def looped(chat) -> str | None:
     past the clip's length, which would otherwise puzzle a viewer (the numbers line shows the lap from then on).
     Held back while a question is being answered, whose chat update would otherwise overwrite it."""
     source = getattr(chat, "source", None)
-    if not isinstance(source, PlaybackSource) or source.lap < 1 or chat.__dict__.get("lap_said") or chat.in_flight:
+    if not isinstance(source, PlaybackSource) or source.lap < 1 or chat.lap_said or chat.in_flight:
         return None
     chat.lap_said = True
     return (f"↻ {chat.label} looped: lap {source.lap + 1} begins at video time {source.now():.1f} s. Video time keeps "
@@ -84,8 +93,9 @@ class Handlers:
     """The events' functions of one page; `open_chats` by browser session, so that closing a tab ends its engine
     at once."""
 
-    def __init__(self, max_upload_mb: float = 200, clock_speed: float = 1.0):
+    def __init__(self, max_upload_mb: float = 200, clock_speed: float = 1.0, host: Host | None = None):
         self.max_upload_mb, self.clock_speed = max_upload_mb, clock_speed
+        self.host = host or Host()  # the models the page offers, each loaded once with its pool
         self.open_chats: dict[str, Chat] = {}
 
     def release(self, chat: Chat | None) -> None:
@@ -112,15 +122,16 @@ class Handlers:
             return "browser camera", lambda stop: BrowserCamera(stop, fps=settings.fps), None
         raise BadInput(f"unknown source {kind!r}")
 
-    def start(self, chat, history, kind, clip, upload, camera, model, policy, budget, bias, window,
+    def start(self, chat, history, kind, clip, upload, camera, model, policy, budget, bias, window, *more,
               request: gr.Request = None):
+        """`more`: the other settings' controls, in `MORE_SETTINGS`' order (a control left empty: the default)."""
         self.release(chat)
         try:
-            settings = Settings(model, policy, str(budget).strip(), number(bias, float, "bias"),
-                                number(window, int, "window"))
-            settings.spec()
+            given = {k: v for k, v in zip(MORE_SETTINGS, more, strict=False) if v is not None and v != ""}
+            settings = Settings(model=model, policy=policy, budget=str(budget).strip(),
+                                bias=number(bias, float, "bias"), window=number(window, int, "window"), **given)
             label, make, video = self.source(kind, clip, upload, camera, settings)
-            chat = Chat(settings, make, label)
+            chat = Chat(self.host, settings, make, label)
             if request is not None:
                 self.open_chats[request.session_hash] = chat
         except (BadInput, SourceError) as err:
@@ -128,12 +139,13 @@ class Handlers:
         note = f"New session: {label} · {settings.describe()}. Ask about what has played so far."
         return chat, say(history, note), gr.update(value=video)
 
-    def restart(self, chat, history, kind, clip, upload, camera, model, policy, budget, bias, window,
+    def restart(self, chat, history, kind, clip, upload, camera, model, policy, budget, bias, window, *more,
                 request: gr.Request = None):
         """A changed model or cache setting starts a new session (only when one is running)."""
         if chat is None:
             return chat, gr.skip(), gr.skip()
-        return self.start(chat, history, kind, clip, upload, camera, model, policy, budget, bias, window, request)
+        return self.start(chat, history, kind, clip, upload, camera, model, policy, budget, bias, window, *more,
+                          request=request)
 
     @staticmethod
     def refusal(chat, text: str) -> str | None:
@@ -157,24 +169,13 @@ class Handlers:
         out = chat.ask(text)
         history = say(history, "…")
         yield chat, history, gr.skip(), ""
-        shown, stamp = "", ""
+        shown = _Shown(chat, history)
         while True:
-            item = out.get()
-            if item is None:
-                history[-1] = {"role": "assistant", "content": "⚠ The stream ended before this question's turn."}
-                yield chat, history, gr.skip(), gr.skip()
+            event = out.get()
+            if (update := event.to(shown)) is not None:
+                yield update
+            if event.final:
                 return
-            if isinstance(item, tuple):
-                stamp = f"[{item[1]:.1f} s] "
-                continue
-            if isinstance(item, str):
-                shown += item
-                history[-1] = {"role": "assistant", "content": stamp + shown}
-                yield chat, history, gr.skip(), gr.skip()
-                continue
-            history[-1] = {"role": "assistant", "content": answered(stamp, item)}
-            yield chat, history, write_transcript(chat), gr.skip()
-            return
 
     @staticmethod
     def tick(video: gr.Video, chat, history, boxes_on):
@@ -198,7 +199,7 @@ class Handlers:
             notices.clear()
             chat_out = history
         clip = getattr(chat, "shown", None)
-        drawn = gr.skip() if boxes_on and clip is getattr(chat, "drawn", False) else \
+        drawn = gr.skip() if boxes_on and chat is not None and clip is chat.drawn else \
             gr.update(value=sighted(chat, boxes_on), label=sighted_label(chat), visible=boxes_on)
         if chat is not None:
             chat.drawn = clip if boxes_on else None  # redrawn only when a new clip comes in
@@ -208,3 +209,26 @@ class Handlers:
     def push_frame(frame, chat):
         if chat is not None and isinstance(chat.source, BrowserCamera) and frame is not None:
             chat.source.push(np.asarray(frame))
+
+
+class _Shown(Handler):
+    """A question's events as the chat shows them: its answer's text as it comes, stamped with its video time."""
+
+    def __init__(self, chat, history: list):
+        self.chat, self.history, self.text, self.stamp = chat, history, "", ""
+
+    def on_started(self, event: Started) -> None:
+        self.stamp = f"[{event.video_t:.1f} s] "
+
+    def on_token(self, event: Token) -> tuple:
+        self.text += event.text
+        self.history[-1] = {"role": "assistant", "content": self.stamp + self.text}
+        return self.chat, self.history, gr.skip(), gr.skip()
+
+    def on_done(self, event: Done) -> tuple:
+        self.history[-1] = {"role": "assistant", "content": answered(self.stamp, event.answer)}
+        return self.chat, self.history, write_transcript(self.chat), gr.skip()
+
+    def on_unanswered(self, event: Unanswered) -> tuple:
+        self.history[-1] = {"role": "assistant", "content": "⚠ The stream ended before this question's turn."}
+        return self.chat, self.history, gr.skip(), gr.skip()

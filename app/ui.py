@@ -8,16 +8,17 @@ What the events do is handlers.py; what the page shows of a chat, views.py.
 """
 
 import os
+from dataclasses import fields
 from types import SimpleNamespace
 
 import gradio as gr
 
 from inf_mllm.spec import SCORERS
-from streaming.service import IDLE_CLOSE_S
+from streaming.hosted import Host
+from streaming.settings import IDLE_CLOSE_S, Settings, value_type
 from streaming.sources import bundled_clip
 
-from .chat import MODELS, Settings
-from .handlers import Handlers
+from .handlers import MORE_SETTINGS, Handlers
 from .views import COLOURS, clip_seen, memory_note, numbers, sighted, sighted_label
 
 DEFAULTS = Settings()  # the controls start at a hosted session's own defaults (streaming/settings.py)
@@ -32,21 +33,22 @@ THEME = dict(font=(gr.themes.LocalFont("Source Sans Pro"), "ui-sans-serif", "sys
              font_mono=(gr.themes.LocalFont("IBM Plex Mono"), "ui-monospace", "Consolas", "monospace"))
 
 
-def build(idle_s: float = IDLE_CLOSE_S, max_upload_mb: float = 200, clock_speed: float = 1.0) -> gr.Blocks:
-    handlers = Handlers(max_upload_mb, clock_speed)
+def build(idle_s: float = IDLE_CLOSE_S, max_upload_mb: float = 200, clock_speed: float = 1.0,
+          host: Host | None = None) -> gr.Blocks:
+    handlers = Handlers(max_upload_mb, clock_speed, host)
     # analytics off: with it on, making the Blocks asks api.gradio.app for a newer version and the Blocks and its
     # launch report themselves to huggingface.co (streaming/offline.py turns the same off for every process)
     with gr.Blocks(title="Inf-MLLM streaming video chat", analytics_enabled=False) as demo:
         chat = gr.State(None, time_to_live=idle_s, delete_callback=handlers.release)
         gr.Markdown("## Streaming video chat · bounded KV cache (Inf-MLLM)")
-        page = layout(max_upload_mb)
+        page = layout(max_upload_mb, handlers.host.models)
         wire(handlers, chat, page)
         demo.unload(handlers.leave)
     return demo
 
 
-def layout(max_upload_mb: float) -> SimpleNamespace:
-    """The page's components, by name."""
+def layout(max_upload_mb: float, models: list[str]) -> SimpleNamespace:
+    """The page's components, by name (`models`: the model list offered)."""
     with gr.Row():
         with gr.Column(scale=5):
             kind = gr.Radio(KINDS, value=KINDS[0], label="Source")
@@ -58,12 +60,14 @@ def layout(max_upload_mb: float) -> SimpleNamespace:
                               visible=False, elem_id="webcam")
             with gr.Accordion("Model and cache", open=False):
                 with gr.Row():
-                    model = gr.Dropdown(MODELS, value=MODELS[0], label="Model")
+                    model = gr.Dropdown(models, value=models[0], label="Model")
                     policy = gr.Dropdown([*SCORERS, "inf_mllm+recall"], value=DEFAULTS.policy, label="Policy")
                 with gr.Row():
                     budget = gr.Textbox(DEFAULTS.budget, label="Budget (tokens, or e.g. 8MB)", elem_id="budget")
                     bias = gr.Textbox("", label="Bias b", placeholder="policy default", elem_id="bias")
                     window = gr.Textbox("", label="Window l", placeholder="policy default", elem_id="window")
+                with gr.Row():
+                    more = setting_controls()
             go = gr.Button("Start", variant="primary")
             player = gr.Video(label="Video", interactive=False, autoplay=True, loop=True, elem_id="player")
             boxes_on = gr.Checkbox(True, label="Boxes: what the detector found in the newest clip",
@@ -87,7 +91,20 @@ def layout(max_upload_mb: float) -> SimpleNamespace:
         mb_plot = gr.LinePlot(title="KV cache (MB)", y_title="MB", elem_id="mb-plot", **plot)
         process_plot = gr.LinePlot(title="Process memory (MB)", y_title="MB", elem_id="process-plot",
                                    caption=memory_note(None), **plot)
-    return SimpleNamespace(**{k: v for k, v in locals().items() if isinstance(v, gr.components.Component)})
+    return SimpleNamespace(more=more, **{k: v for k, v in locals().items() if isinstance(v, gr.components.Component)})
+
+
+def setting_controls() -> dict:
+    """A control for each setting the page does not lay out by hand (`MORE_SETTINGS`), from its field: its meaning,
+    its default, a number or a text box as its type is."""
+    out = {}
+    for f in fields(Settings):
+        if f.name in MORE_SETTINGS:
+            kind, label = value_type(f), f"{f.metadata['description']} ({f.name})"
+            elem = f"setting-{f.name.replace('_', '-')}"
+            out[f.name] = gr.Textbox(f.default or "", label=label, elem_id=elem) if kind is str else \
+                gr.Number(f.default, label=label, precision=0 if kind is int else None, elem_id=elem)
+    return out
 
 
 def show(kind):
@@ -100,9 +117,13 @@ def show(kind):
 def wire(handlers: Handlers, chat: gr.State, p: SimpleNamespace) -> None:
     """The page's events: what runs the model shares one concurrency group; the rest runs at once."""
     p.kind.change(show, p.kind, [p.clip, p.upload, p.camera, p.webcam, p.player], api_name=False)
-    controls = [p.kind, p.clip, p.upload, p.camera, p.model, p.policy, p.budget, p.bias, p.window]
-    p.go.click(handlers.start, [chat, p.chatbot, *controls], [chat, p.chatbot, p.player], api_name="start",
+    cache = [p.kind, p.clip, p.upload, p.camera, p.model, p.policy, p.budget, p.bias, p.window]
+    controls = [*cache, *p.more.values()]
+    p.go.click(handlers.start, [chat, p.chatbot, *controls], [chat, p.chatbot, p.player], api_name=False,
                concurrency_id=MODEL_GROUP, concurrency_limit=MODEL_EVENTS)
+    # API clients' /start takes the source and the cache settings as it always has (the others at their defaults)
+    gr.Button(visible=False).click(handlers.start, [chat, p.chatbot, *cache], [chat, p.chatbot, p.player],
+                                   api_name="start", concurrency_id=MODEL_GROUP, concurrency_limit=MODEL_EVENTS)
     gr.on([p.model.input, p.policy.input, p.budget.submit, p.bias.submit, p.window.submit], handlers.restart,
           [chat, p.chatbot, *controls], [chat, p.chatbot, p.player], api_name=False, concurrency_id=MODEL_GROUP)
     asked = dict(fn=handlers.ask, inputs=[chat, p.chatbot, p.question],

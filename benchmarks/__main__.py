@@ -10,7 +10,8 @@ lock), link_modes (a linked clip's KV reused, partly recomputed or re-encoded, o
 with the object detector), hostile (4 well-behaved server sessions' time to first token while the hostile
 reliability rows run against the same server) and decode_ab (a lone session's and a pool's decode speed, this
 checkout against `--old-tree`, interleaved), now (answers about the frames sent and about the present, through
-stream-qa, the app's path, the server's native, chat-completions and Realtime routes). latency, hf_models,
+stream-qa, the app's path, the server's native, chat-completions and Realtime routes), packed (clip turns of
+several streams in one forward against one a round). latency, hf_models,
 compiled_decode, sdpa_backends,
 streams and link_time take `--shape` (a randomly initialised 7B-sized model) and `--device`."""
 
@@ -22,7 +23,7 @@ import sys
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
          "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural", "fingerprint",
          "recall_path", "streams", "serve", "hf_template", "link_modes", "link_time", "ingest", "hostile", "decode_ab",
-         "now")
+         "now", "packed")
 
 
 def main(argv=None) -> int:
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
                         "vicuna-7b, llama-2-7b-32k, or llama-tiny for a GPU script's dry run on a CPU; hf_models: 7b)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--rounds", type=int, help="latency: timed rounds per state (default 9; 3 with --quick); "
-                        "link_time: timed questions per clip size (default 9); decode_ab: rounds per side (default 5)")
+                        "link_time: timed questions per clip size (default 9); decode_ab: rounds per side (default 5); "
+                        "packed: rounds per mode (default 5)")
     parser.add_argument("--old-tree", help="prefill, recall_path, decode_ab, now: also run the checkout in this folder "
                         "(e.g. `git worktree add DIR 57ad80a`, the commit before issue 23) in its own process, turn by "
                         "turn with the rest; fingerprint: compare this checkout's fingerprints with that one's")

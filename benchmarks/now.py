@@ -78,11 +78,23 @@ def app_path() -> list:
             while (held["player"].yielded_t or 0) < int(t):  # the viewer asks once ingest is up with the player
                 time.sleep(0.01)
             out = live.ask(QUESTION)
-            got = next(item for item in iter(partial(out.get, timeout=300), object()) if hasattr(item, "answer"))
+            got = _record(out)
             rows.append((t, got.video_t, got.answer))
     finally:
         live.close()
     return rows
+
+
+def _record(out):
+    """The answer's record off a question's queue: this tree's `Done` event, or the old tree's record itself."""
+    for item in iter(partial(out.get, timeout=300), object()):
+        if getattr(item, "final", False):  # this tree: `Done` holds the record, `Unanswered` says why not
+            if not hasattr(item, "answer"):
+                raise RuntimeError(f"unanswered: {item}")
+            return item.answer
+        if hasattr(item, "ttft_s"):  # the old tree put the record itself
+            return item
+    raise RuntimeError("the queue ended without an answer")
 
 
 def served(tmp: Path) -> tuple[list, list, dict]:

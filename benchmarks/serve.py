@@ -28,6 +28,8 @@ import httpx
 import psutil
 from tqdm import tqdm
 
+from streaming.events import Handler, Token
+
 from .common import print_table, record, write
 
 BUDGET = 256
@@ -285,16 +287,21 @@ def _at_once(calls) -> tuple[list, float]:
     return results, time.perf_counter() - t0
 
 
+class _FirstToken(Handler):
+    def on_token(self, event: Token) -> bool:
+        return True
+
+
+_FIRST_TOKEN = _FirstToken()
+
+
 def _ask_here(session, text) -> tuple[float, float]:
     """(time to first token, time to the whole answer) of a question asked of a live session in this process."""
     t0, first = time.perf_counter(), None
     events = session.ask(text)
-    while True:
-        item = events.get()
-        if isinstance(item, str) and first is None:
+    while not (event := events.get()).final:
+        if first is None and event.to(_FIRST_TOKEN):
             first = time.perf_counter()
-        if not isinstance(item, tuple | str):
-            break
     end = time.perf_counter()
     return (first or end) - t0, end - t0
 

@@ -23,7 +23,12 @@ from .scoring import window_scores
 
 
 class ProbeDone(Exception):
-    """Ends a probe forward (`Forward.probe_until`) once its last wanted layer has run."""
+    """Ends a probe forward (`Forward.probe_until`) once its last wanted layer has run. An exception, as the loop over
+    the decoder's layers is the model's own (transformers'): nothing the cache returns can end it, and running the
+    first layers by hand would mean knowing every family's forward."""
+
+
+SCATTERED = "scattered"  # `linked`: the linked tokens are somewhere, moved by an eviction or merge that split them
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,7 @@ class StreamingLayer(DynamicLayer):
 
     `turn_ids` (B, H, n), kept when the cache tracks turns (recall), says which turn each token came from;
     linked (recalled) tokens carry -1 - span id, and `linked` says where they sit, (index, count), so taking
-    them out needs no look at the device (`...`: somewhere, after a move that did not keep them together)."""
+    them out needs no look at the device (`SCATTERED`: somewhere, after a move that did not keep them together)."""
 
     def __init__(self, layer_idx: int, setup: LayerSetup):
         # K/V and what is kept per token live in preallocated buffers (buffer.py), set before the base class
@@ -193,7 +198,7 @@ class StreamingLayer(DynamicLayer):
             self.turn_ids = self._ids.take(idx)
         self.start = start
         if self.linked is not None:
-            self.linked = ...
+            self.linked = SCATTERED
 
     def merge(self, idx: torch.Tensor, start: int, end: int | None = None) -> None:
         """Elastic Cache's merge down to the anchors at idx (merge.py)."""
@@ -230,13 +235,13 @@ class StreamingLayer(DynamicLayer):
             self._ids.insert(at, tags.to(self.keys.device).expand(b, h, m))
         self.stats.insert(at, m)
         if recalled:
-            self.linked = (at, m) if self.linked is None else ...
+            self.linked = (at, m) if self.linked is None else SCATTERED
 
     def unlink(self) -> None:
         """Take the linked (recalled) tokens out; the rest close up to contiguous positions."""
         if self.linked is None:
             return
-        if self.linked is ... or self.pos.multimodal:  # moved since (find them), or units to close up
+        if self.linked is SCATTERED or self.pos.multimodal:  # moved since (find them), or units to close up
             ids = self.turn_ids
             self.keep((ids[:, 0] >= 0).nonzero()[:, 1][None])  # linking is uniform over heads and batch 1
         else:  # the tokens after the block move up by its length: nothing before it is touched

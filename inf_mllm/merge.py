@@ -44,4 +44,6 @@ def merge(layer, idx: torch.Tensor, start: int, end: int | None = None) -> None:
         layer.turn_ids = layer._ids.take(idx)
     layer.start = start
     if layer.linked is not None:
-        layer.linked = ...
+        from .layer import SCATTERED  # here: layer.py imports this module
+
+        layer.linked = SCATTERED

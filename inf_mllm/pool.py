@@ -1,51 +1,32 @@
-"""Many streams on one model: each its own bounded session, every model call on one thread, and the decode steps
-of all answers in progress batched into one forward (rows.py).
+"""Many streams on one model: each its own bounded session, every model call on one thread, the prefills of
+several streams and the decode steps of all answers in progress each batched into one forward (rows.py).
 
-A stream holds a `PooledSession` (pooled.py), which answers to what a `StreamSession` answers to; each call it makes
-is queued for the pool's thread. Each round of that thread reads schedule (`_schedule`: every question waiting, the
-answers whose readers have taken their last token, one other call such as a clip turn) -> execute (one forward for
-the questions, rows of different lengths each on its own cache; one batched decode step) -> update (each reader's
-first token, then evictions; next tokens handed over; futures). An answer advances only when its reader asks for
-the next token, as a lone session's generator does: a reader that stops leaves its last token held back for the
-next turn, and nothing was decoded past it. A stream is admitted only if its cache's bound fits in what is left of
-the pool's memory (admission.py). A batched forward that fails is retried row by row, so a fault in one stream's
-cache reaches that stream only.
+A stream holds a `PooledSession` (pooled.py); each call it makes is a typed work item (work.py) queued for the pool's
+thread. Each round of that thread reads schedule (`_schedule`: every question waiting, the answers whose readers
+have taken their last token, the clip turns that fit in `max_batched_tokens`, one other call) -> execute
+(prefills.py: one forward for the questions, one for the clip turns, rows of different lengths each on its own
+cache; one batched decode step) -> update (each reader's first token, then evictions; next tokens handed over;
+futures). An answer advances only when its reader asks for the next token, as a lone session's generator does: a
+reader that stops leaves its last token held back for the next turn, and nothing was decoded past it. A stream is
+admitted only if its cache's bound fits in what is left of the pool's memory (admission.py). A batched forward that
+fails is retried row by row, so a fault in one stream's cache reaches that stream only.
 """
 
-import collections
 import threading
 import time
-from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import torch
 
+from . import prefills
 from .admission import Admission
-from .answer import Answer, Sampling
+from .answer import Sampling
 from .pooled import PooledSession
 from .rows import Row, forward_apart
 from .session import StreamSession
 from .slots import SlotArena, SlotDecode
+from .work import Call, ClipTurn, DecodeRow, QuestionTurn, Status
 
 _END = object()  # an answer ended by its stream's next turn
-
-
-@dataclass(eq=False)
-class _Reader(Answer):
-    """An answer as the pool runs it: its tokens queued for its reader's thread."""
-
-    out: collections.deque = field(default_factory=collections.deque)
-    wants: bool = False  # its reader waits for the next token
-    plain: bool | None = None  # whether its steps run in the slot arena (None: not asked yet)
-    ready: threading.Condition | None = None  # its reader waits here for `out` (on the pool's lock)
-
-
-@dataclass
-class _Question:
-    session: StreamSession
-    ids: torch.Tensor
-    options: dict
-    future: Future = field(default_factory=Future)
 
 
 class SessionPool:
@@ -55,20 +36,24 @@ class SessionPool:
 
     def __init__(self, model, tokenizer=None, kv_bytes: int | None = None, max_streams: int = 64,
                  unbounded: bool = False, slots: int = 0, compile_decode: bool = False,
-                 compile_mode: str | None = None):
+                 compile_mode: str | None = None, max_batched_tokens: int = 2048):
         self.model, self.tokenizer = model, tokenizer
         self.slot_decode = SlotDecode(model, SlotArena(slots), compile_decode, compile_mode) if slots else None
         self.admission = Admission(model, kv_bytes, max_streams, unbounded, counted=2 if slots else 1)
         self.gather_s = 0.005  # how long work that arrives together waits for the rest of it (`_gather`)
+        self.max_batched_tokens = max_batched_tokens  # clip turns packed into one forward, in tokens (at least one)
         self.steps = 0  # batched decode steps run, and the rows they carried
         self.rows = 0
+        self.turn_forwards = 0  # forwards that ran clip turns, and the clip turns they carried
+        self.turns = 0
         # the pool's thread waits on `_cond` for work; each answer's reader on its own condition of the same lock, so
         # a token handed to one stream wakes that stream's reader alone
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
-        self._jobs: collections.deque = collections.deque()
-        self._questions: list[_Question] = []
-        self._answers: list[_Reader] = []
+        self._jobs: list[Call] = []
+        self._turns: list[ClipTurn] = []
+        self._questions: list[QuestionTurn] = []
+        self._answers: list[DecodeRow] = []
         self._faults: dict[StreamSession, BaseException] = {}  # an eviction that failed after its question returned
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="session-pool", daemon=True)
@@ -115,15 +100,16 @@ class SessionPool:
         if threading.current_thread() is self._thread:
             self._end(session)
             return fn(*args, **kwargs)
-        future = Future()
-        self._submit(self._jobs, (session, fn, args, kwargs, future))
-        return future.result()
+        return self._submit(self._jobs, Call(session, fn, args, kwargs))
+
+    def turn(self, session: StreamSession, embeds: torch.Tensor, **options) -> torch.Tensor:
+        """`session.append(inputs_embeds=embeds, **options)` (a clip turn: store, meta, vision, positions), packed into
+        one forward with the other streams' clip turns waiting, up to `max_batched_tokens`."""
+        return self._submit(self._turns, ClipTurn(session, embeds, **options))
 
     def question(self, session: StreamSession, ids: torch.Tensor, **options) -> torch.Tensor:
         """`session.append_question(ids, **options)`, prefilled together with the other streams' questions waiting."""
-        question = _Question(session, ids, options)
-        self._submit(self._questions, question)
-        return question.future.result()
+        return self._submit(self._questions, QuestionTurn(session, ids, options))
 
     def generate(self, session: StreamSession, max_new_tokens: int = 64, do_sample: bool = False,
                  temperature: float = 1.0, top_p: float = 1.0, eos_token_id=None, generator=None, constraint=None):
@@ -131,12 +117,12 @@ class SessionPool:
         with self._cond:
             if session in self._faults:
                 raise self._faults.pop(session)
-            answer = _Reader.begin(session, max_new_tokens, Sampling(do_sample, temperature, top_p, generator,
+            answer = DecodeRow.begin(session, max_new_tokens, Sampling(do_sample, temperature, top_p, generator,
                                    constraint), eos_token_id, device="cpu", ready=threading.Condition(self._lock))
             self._answers.append(answer)
         return self._tokens(answer)
 
-    def _tokens(self, answer: _Reader):
+    def _tokens(self, answer: DecodeRow):
         try:
             while True:
                 with self._cond:
@@ -164,12 +150,14 @@ class SessionPool:
             with self._cond:
                 self._leave(answer)
 
-    def _submit(self, queue, item) -> None:
+    def _submit(self, queue: list, item):
+        """Queue `item` for the pool's thread and wait for what it gives back."""
         with self._cond:
             if self._closed:
                 raise RuntimeError("the session pool is closed")
             queue.append(item)
             self._cond.notify_all()
+        return item.future.result()
 
     # --- the pool's thread ----------------------------------------------------------------------------
 
@@ -186,43 +174,56 @@ class SessionPool:
             work = self._schedule()
         if work is None:
             return False
-        questions, wanting, job = work
+        questions, wanting, turns, job = work
         with torch.inference_mode():
             if questions:
                 self._prefill(questions)
             if wanting:
                 self._step(wanting)
+            if turns:
+                self._clip_turns(turns)
             if job is not None:
-                self._job(*job)
+                self._job(job)
         return True
 
     def _schedule(self) -> tuple | None:
         """What this round runs (under the lock): every question waiting, the answers whose readers want their next
-        token, and one other call (a clip turn); None once the pool is closed."""
+        token, the clip turns waiting that fit in `max_batched_tokens` (the first at any length), and one other
+        call; None once the pool is closed."""
         self._gather()
         if self._closed:
             self._fail_all(RuntimeError("the session pool is closed"))
             return None
         questions = list(self._questions)  # emptied in place: a caller may hold the list to append to
         self._questions.clear()
-        job = self._jobs.popleft() if self._jobs else None
+        turns, tokens = [], 0
+        while self._turns and (not turns or tokens + self._turns[0].tokens <= self.max_batched_tokens):
+            turns.append(self._turns.pop(0))
+            tokens += turns[-1].tokens
+        job = self._jobs.pop(0) if self._jobs else None
         wanting = [a for a in self._answers if a.wants]
         for answer in wanting:
             answer.wants = False
-        return questions, wanting, job
+        for item in (*questions, *turns, *([job] if job else [])):
+            item.status = Status.RUNNING
+        return questions, wanting, turns, job
 
     def _gather(self) -> None:
         """Wait (under the lock) for work. Work that arrives together is batched: once one answer wants its next
         token, the others that are reading theirs get `gather_s` to ask too (else the rows drift apart and each
-        step carries one of them); a question waits as long for the other streams' questions asked with it."""
+        step carries one of them); a question or a clip turn waits as long for the other streams' (streams that
+        take turns one after another would else alternate, each turn alone, and never share a forward)."""
         deadline = None
         while not self._closed and not self._jobs:
             wanting = [a for a in self._answers if a.wants]
-            if not wanting and not self._questions:
+            if not wanting and not self._questions and not self._turns:
                 self._cond.wait()
                 continue
+            streams = len(self.admission.streams)
             asked = len({id(q.session) for q in self._questions})
-            if len(wanting) == len(self._answers) and (not self._questions or asked >= len(self.admission.streams)):
+            turned = len({id(t.session) for t in self._turns})
+            if len(wanting) == len(self._answers) and (not self._questions or asked >= streams) \
+                    and (not self._turns or turned >= streams):
                 return
             deadline = deadline or time.monotonic() + self.gather_s
             left = deadline - time.monotonic()
@@ -230,55 +231,20 @@ class SessionPool:
                 return
             self._cond.wait(left)
 
-    def _job(self, session, fn, args, kwargs, future) -> None:
+    def _job(self, job: Call) -> None:
         try:
-            self._end(session)
-            future.set_result(fn(*args, **kwargs))
+            self._end(job.session)
+            job.finish(job.fn(*job.args, **job.kwargs))
         except BaseException as err:  # noqa: BLE001 (handed to the caller's thread)
-            future.set_exception(err)
+            job.fail(err)
 
-    def _prefill(self, questions: list[_Question]) -> None:
-        """Every waiting question: recall links what each needs (one stream at a time); one forward for all of them
-        (a question that recomputes linked turns has one of its own); each reader gets its logits; the caches evict."""
-        together, alone = self._link(questions)
-        for q, question in alone:
-            self._prefill_alone(q, question)
-        rows = [q.session.turn_row(q.ids, None) for q, _ in together]
-        starts = [q.session.clock() for q, _ in together]
-        evicting = []
-        for (q, question), row, t0, logits in zip(together, rows, starts, forward_apart(self.model, rows), strict=True):
-            if isinstance(logits, BaseException):
-                q.future.set_exception(logits)
-                continue
-            q.session.turn_done(logits, row.length, t0, evict=False, store=False)
-            q.session.question_done(question)
-            q.future.set_result(logits[:, None])
-            if question.evict:
-                evicting.append(q.session)
-        self._evict(evicting)
+    def _clip_turns(self, turns: list[ClipTurn]) -> None:
+        if len(turns) > 1:
+            self.turn_forwards, self.turns = self.turn_forwards + 1, self.turns + len(turns)
+        prefills.clip_turns(self.model, turns, self._end)
 
-    def _link(self, questions: list[_Question]) -> tuple[list, list]:
-        """Each question begun (its stream's answer ended, recall's links made): those prefilled together, and those
-        whose linked turns are recomputed with them."""
-        begun = []
-        for q in questions:
-            try:
-                self._end(q.session)
-                begun.append((q, q.session.begin_question(q.ids, **q.options)))
-            except BaseException as err:  # noqa: BLE001
-                q.future.set_exception(err)
-        return ([(q, question) for q, question in begun if question.recompute is None],
-                [(q, question) for q, question in begun if question.recompute is not None])
-
-    @staticmethod
-    def _prefill_alone(q: _Question, question) -> None:
-        try:
-            logits = q.session.prefill_recomputing(question, q.ids)
-        except BaseException as err:  # noqa: BLE001
-            q.future.set_exception(err)
-            return
-        q.session.question_done(question)
-        q.future.set_result(logits)
+    def _prefill(self, questions: list[QuestionTurn]) -> None:
+        self._evict(prefills.questions(self.model, questions, self._end))
 
     def _evict(self, sessions: list[StreamSession]) -> None:
         """After every reader has its logits (its first token); before any next step."""
@@ -295,7 +261,7 @@ class SessionPool:
             if not self._end(session, err):
                 self._faults[session] = err
 
-    def _step(self, wanting: list[_Reader]) -> None:
+    def _step(self, wanting: list[DecodeRow]) -> None:
         """One batched decode step for the answers whose last token is not in their cache yet (those whose caches
         sit in the slot arena in one step on fixed shapes, the others in one eager forward); then every answer that
         asked gets its next token."""
@@ -314,9 +280,8 @@ class SessionPool:
                 for answer, logits, t0 in zip(slotted, out, starts, strict=True):
                     self._advanced(answer, logits, t0)
                 need = [a for a in need if not a.plain]
-        rows = [Row(a.session.cache, a.token[:, None], {"decoding": True}) for a in need]
         starts = [a.session.clock() for a in need]
-        for answer, t0, logits in zip(need, starts, forward_apart(self.model, rows), strict=True):
+        for answer, t0, logits in zip(need, starts, self._decode_forward(need), strict=True):
             if isinstance(logits, BaseException):
                 with self._cond:
                     self._leave(answer)
@@ -325,13 +290,26 @@ class SessionPool:
             self._advanced(answer, logits, t0)
         self._hand_over([a for a in wanting if a.logits is not None])
 
+    def _decode_forward(self, need: list[DecodeRow]) -> list:
+        """Each row's next logits, or its error: one batched forward (rows.py); a lone row takes a lone session's own
+        step, so a pool of one decodes as a session alone does, token for token and bit for bit."""
+        if len(need) != 1:
+            return forward_apart(self.model, [Row(a.session.cache, a.token[:, None], {"decoding": True}) for a in need])
+        session = need[0].session
+        marks = session.cache.mark()
+        try:
+            return [session.step(need[0].token)]
+        except Exception as err:  # noqa: BLE001 (this stream's fault: the cache as it was, the error to its reader)
+            session.cache.rollback(marks)
+            return [err]
+
     @staticmethod
-    def _advanced(answer: _Reader, logits: torch.Tensor, t0: float) -> None:
+    def _advanced(answer: DecodeRow, logits: torch.Tensor, t0: float) -> None:
         """The answer's last token is in its cache (its step began at `t0`): `logits` give the next."""
         answer.advanced(logits)
         answer.session.last.decode_s += answer.session.clock() - t0
 
-    def _hand_over(self, answers: list[_Reader]) -> None:
+    def _hand_over(self, answers: list[DecodeRow]) -> None:
         """Each answer's next token from its logits (the greedy ones picked together: one copy to the host), handed
         to its reader."""
         greedy = [a for a in answers if a.sampling.plain and a.logits.shape[0] == 1]
@@ -348,15 +326,16 @@ class SessionPool:
                     self._leave(answer)
                 self._give(answer, (token, finished))
 
-    def _give(self, answer: _Reader, item) -> None:
+    def _give(self, answer: DecodeRow, item) -> None:
         """`item` (a token, `_END` or an error) for the answer's reader (under the lock), which alone is woken."""
         answer.out.append(item)
         answer.ready.notify()
 
-    def _leave(self, answer: _Reader) -> None:
+    def _leave(self, answer: DecodeRow) -> None:
         """The answer ends (under the lock): its last token is held back for the stream's next turn."""
         if answer in self._answers:
             self._answers.remove(answer)
+            answer.status = Status.DONE
             answer.hold_back()
 
     def _end(self, session: StreamSession | None, item=_END) -> bool:
@@ -370,10 +349,8 @@ class SessionPool:
             return bool(answers)
 
     def _fail_all(self, err: BaseException) -> None:
-        for q in self._questions:
-            q.future.set_exception(err)
-        for *_, future in self._jobs:
-            future.set_exception(err)
+        for item in (*self._questions, *self._turns, *self._jobs):
+            item.fail(err)
         for answer in list(self._answers):
             self._leave(answer)
             self._give(answer, err)

@@ -7,7 +7,6 @@ that evict while decoding). The answer's last token is held back and prefixed to
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 
 import torch
 
@@ -19,24 +18,15 @@ from .cache import StreamingCache
 from .compiled import compiled_decode
 from .decoding import HandOver
 from .positions import TurnPositions
+from .restore import restore
 from .rows import Row
 from .spec import PolicySpec, Recall, as_spec
 from .store import SpanStore
+from .text import TextTurns
+from .work import BegunQuestion
 
 
-@dataclass
-class Question:
-    """A question between `begin_question` and `question_done`: what recall linked and spent, the cache marks it
-    leaves by (keep=False), whether its prefill evicts."""
-
-    linked: list
-    recall_s: float
-    forget_at: list | None
-    evict: bool
-    recompute: tuple | None = None  # (rows of the linked block, their input embeddings) its forward recomputes
-
-
-class StreamSession:
+class StreamSession(TextTurns):
     """`policy` is a `PolicySpec` (a policy string is parsed into one). With recall (`spec.recall`, or
     `recall` given here), turns go to a span store (`store`: a `SpanStore`, or a folder for one that
     survives a restart) and questions asked through `append_question` link back the stored turns they
@@ -110,13 +100,18 @@ class StreamSession:
         inside its first layers)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("append takes exactly one of input_ids or inputs_embeds")
+        self.begin_turn()
+        return self._prefill(input_ids, inputs_embeds, evict, store, meta, vision, all_logits, positions,
+                             forward_inputs)
+
+    def begin_turn(self) -> None:
+        """Everything of a turn before its prefill: the last answer ends (a question asked with keep=False leaves
+        with it), recall's linked turns leave."""
         self._end_answer()
         self._forget_question()
         self.exchange = None  # what follows is not the last question's answer
         if self.recall is not None:
             recall_.unlink(self.cache)
-        return self._prefill(input_ids, inputs_embeds, evict, store, meta, vision, all_logits, positions,
-                             forward_inputs)
 
     def _forget_question(self) -> None:
         """A question asked with keep=False leaves, with its answer, as the next turn begins."""
@@ -145,22 +140,29 @@ class StreamSession:
                       **probes.selective(self, rows, turn.length)}
         kwargs["logits_to_keep"] = 0 if all_logits else 1  # 0: every position
         t0 = self._clock()
-        marks = self.cache.mark()
-        with self.cache.forward(turn.length, batch=self.batch, device=self.device, **turn.forward) as fwd:
-            fwd.rewrite = None if recompute is None else recompute[0].to(self.device)
-            try:
-                out = self.model(**kwargs, **fwd.kwargs, **(forward_inputs or {}), past_key_values=self.cache,
-                                 use_cache=True)
-            except BaseException:  # a turn that fails (out of memory, Ctrl-C) leaves the session as it was (a block's
-                self.cache.rollback(marks)  # rewritten rows leave with the block at the next turn)
-                raise
-        kept = {}  # what a recompute starts from: the turn's inputs (none where features enter inside the decoder)
-        if store and self.recall is not None and self.recall.reuse != "full" and not forward_inputs:
-            tokens = turn.tokens if turn.tokens.dim() == 3 else self.model.get_input_embeddings()(turn.tokens)
-            held = turn.forward["held"]
-            kept = {"inputs": tokens[0], "vision": None if vision is None else (vision[0] + held, vision[1] + held)}
+        rewrite = None if recompute is None else recompute[0].to(self.device)
+        out = self.forward_row(turn, kwargs, forward_inputs, rewrite)
+        kept = self.kept_inputs(turn, vision) if store and not forward_inputs else {}
         self.turn_done(out.logits[:, -1], turn.length, t0, evict, store, meta, **kept)
         return out.logits[:, len(recompute[0]):] if recompute is not None and all_logits else out.logits
+
+    def forward_row(self, turn: Row, inputs: dict | None = None, forward_inputs: dict | None = None,
+                    rewrite: torch.Tensor | None = None):
+        """A turn's forward on this cache alone (`inputs`: the model's token arguments, by default the row's tokens
+        and its last position's logits only); the model's output. A lone session's turns and a pool's lone rows both
+        take it. A turn that fails (out of memory, Ctrl-C) leaves the session as it was (a block's rewritten rows
+        leave with the block at the next turn)."""
+        if inputs is None:
+            inputs = {"input_ids" if turn.tokens.dim() == 2 else "inputs_embeds": turn.tokens, "logits_to_keep": 1}
+        marks = self.cache.mark()
+        with self.cache.forward(turn.length, batch=self.batch, device=self.device, **turn.forward) as fwd:
+            fwd.rewrite = rewrite
+            try:
+                return self.model(**inputs, **fwd.kwargs, **(forward_inputs or {}), past_key_values=self.cache,
+                                  use_cache=True)
+            except BaseException:
+                self.cache.rollback(marks)
+                raise
 
     def turn_row(self, input_ids, inputs_embeds, vision: tuple[int, int] | None = None,
                  positions: TurnPositions | None = None) -> Row:
@@ -170,6 +172,15 @@ class StreamSession:
         tokens = input_ids if input_ids is not None else inputs_embeds
         return Row(self.cache, tokens, {"turn": self.turns, "positions": positions, "held": held,
                                         "vision_end": None if vision is None else vision[1] + held})
+
+    def kept_inputs(self, turn: Row, vision: tuple[int, int] | None) -> dict:
+        """What a recompute of the stored turn starts from (`turn_done`'s `inputs` and `vision`): its inputs, where
+        recall recomputes linked turns (none where features enter inside the decoder: not called for those)."""
+        if self.recall is None or self.recall.reuse == "full":
+            return {}
+        tokens = turn.tokens if turn.tokens.dim() == 3 else self.model.get_input_embeddings()(turn.tokens)
+        held = turn.forward["held"]
+        return {"inputs": tokens[0], "vision": None if vision is None else (vision[0] + held, vision[1] + held)}
 
     def turn_done(self, logits: torch.Tensor, length: int, t0: float, evict: bool = True, store: bool = True,
                   meta: dict | None = None, inputs: torch.Tensor | None = None,
@@ -221,7 +232,7 @@ class StreamSession:
 
     def begin_question(self, input_ids: torch.Tensor, probe_ids: torch.Tensor | None = None,
                        named: Callable[[dict], bool] | None = None, oracle: Callable[[dict], bool] | None = None,
-                       keep: bool = True) -> "Question":
+                       keep: bool = True) -> BegunQuestion:
         """Everything of a question before its prefill: the last answer ends, recall links what it needs."""
         self.last_recalled = []
         self._end_answer()
@@ -239,63 +250,26 @@ class StreamSession:
             chosen = recall_.choose(self.store, resident, self.recall, keys, named, oracle)
             linked = recall_.link(self.cache, self.store, chosen, self.recall.at)
         recompute = probes.to_recompute(self, linked) if linked and self.recall.reuse != "full" else None
-        return Question(linked, self.clock() - t0, None if keep else self.cache.mark(), keep and not linked, recompute)
+        forget_at = None if keep else self.cache.mark()
+        return BegunQuestion(linked, self.clock() - t0, forget_at, keep and not linked, recompute)
 
     @torch.inference_mode()
-    def prefill_recomputing(self, question: Question, input_ids: torch.Tensor, all_logits: bool = False):
+    def prefill_recomputing(self, question: BegunQuestion, input_ids: torch.Tensor, all_logits: bool = False):
         """The question's prefill, the linked rows `question.recompute` names (if any) recomputed in the same forward
         in place of their stored K/V; a recomputed row stays so until the block leaves. Returns its logits."""
         return self._prefill(input_ids, None, evict=question.evict, store=False, meta=None, all_logits=all_logits,
                              recompute=question.recompute)
 
-    def question_done(self, question: "Question") -> None:
+    def question_done(self, question: BegunQuestion) -> None:
         self._forget_at = question.forget_at
         self.last.recall_s = question.recall_s
         self.last_recalled = [(i, self.store.spans[i].meta) for i in question.linked if i in self.store]
 
     def restore(self, exchanges: Iterable[Exchange | dict] = ()) -> list[int]:
-        """Rebuild the cache after a restart from a reopened store: the newest stored turns that fit in the budget
-        go back in as ordinary turns (linked, not re-encoded); older ones stay recallable. `exchanges` (the kept
-        questions and answers of a transcript, as `exchange` recorded them) go back between the clips where they
-        were asked, prefilled, so under a policy that evicts nothing the rebuilt cache is the one before the
-        restart. Which tokens each head had kept is not saved, so under a bounded one it is the recent window.
-        Returns the span ids linked back."""
-        if self.store is None:
-            raise ValueError("restore needs a session with recall (a store)")
-        spans = {i: span.length for i, span in self.store.spans.items()}
-        said = {e.turn: e for e in (x if isinstance(x, Exchange) else Exchange(**x) for x in exchanges)
-                if e.kept and e.turn not in spans}
-        lengths = spans | {t: len(e.question) + len(e.answer) for t, e in said.items()}
-        room = min(self.cache.budgets) - self.kv_tokens if self.cache.budgets else float("inf")
-        newest = []
-        for turn in sorted(lengths, reverse=True):
-            if lengths[turn] > room:
-                break
-            newest.insert(0, turn)
-            room -= lengths[turn]
-        restored, run = [], []
-        for turn in [*newest, None]:  # consecutive clips are linked together
-            if turn in spans:
-                run.append(turn)
-                continue
-            if run:
-                self._pending = None  # an answer's held-back token opens the span stored after it
-                restored += recall_.link(self.cache, self.store, run, "end", recalled=False, device=self.device)
-                self.seen += sum(spans[i] for i in run)
-                run = []
-            if turn is not None:
-                e = said[turn]
-                text = e.question + e.answer[:-1]  # the answer's last token is held back, as it was
-                if text:
-                    self.append(torch.tensor([text], device=self.device), evict=False, store=False)
-                self._pending = torch.tensor([e.answer[-1:]], device=self.device) if e.answer else None
-                self.turns = max(self.turns, turn + 1)
-        self._logits, self.exchange = None, None
+        """Rebuild the cache after a restart from a reopened store (restore.py); the span ids linked back."""
+        restored = restore(self, exchanges)
+        self._logits, self.exchange = None, None  # no answer continues from what went back in
         return restored
-
-    def append_text(self, text: str, **kwargs) -> torch.Tensor:
-        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-        return self.append(ids.expand(self.batch, -1), **kwargs)
 
     def generate(self, max_new_tokens: int = 64, do_sample: bool = False, temperature: float = 1.0,
                  top_p: float = 1.0, eos_token_id: int | list[int] | None = None,
@@ -338,15 +312,20 @@ class StreamSession:
                 else:
                     logits = compiled.step(self.cache, token) if compiled is not None else None
                 if logits is None:
-                    # this forward only: nothing is held while the answer pauses
-                    with self.cache.forward(1, decoding=True, batch=self.batch, device=self.device) as fwd:
-                        out = self.model(input_ids=token[:, None], past_key_values=self.cache, use_cache=True,
-                                         **fwd.kwargs)
-                    logits = out.logits[:, -1]
+                    logits = self.step(token)
                 answer.advanced(logits)
         finally:
             self._decoding = None
             answer.hold_back()  # received, not yet in the cache (a step launched for it is dropped)
+
+    @torch.inference_mode()
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        """One eager decode step: `token` (B,) into the cache; the next token's logits (B, V). A lone session's answer
+        and a pool's lone decode row both take it (a forward of its own: nothing is held while an answer pauses)."""
+        with self.cache.forward(1, decoding=True, batch=self.batch, device=self.device) as fwd:
+            out = self.model(input_ids=token[:, None].to(self.device), past_key_values=self.cache, use_cache=True,
+                             **fwd.kwargs)
+        return out.logits[:, -1]
 
     def take_logits(self) -> torch.Tensor:
         """The last turn's logits, which an answer starts from: spent once taken, so no answer continues from a
@@ -363,13 +342,6 @@ class StreamSession:
     def discard_pending(self) -> None:
         """Drop the held-back last answer token; the tokens decoded before it stay in the cache."""
         self._pending = None
-
-    def answer(self, text: str, max_new_tokens: int = 64, **kwargs) -> str:
-        """Ask `text` as a question turn and return the decoded answer of the first batch row."""
-        ids = self.tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
-        self.append_question(ids.expand(self.batch, -1))
-        ids = [int(t[0]) for t in self.generate(max_new_tokens, **kwargs)]
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     @property
     def kv_tokens(self) -> int:

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 from streaming.errors import is_user_error
-from streaming.settings import add_options
+from streaming.settings import add_options, option_names
 
 # a soak's: one question every few short clips, short answers, the bare policy
 SOAK_DEFAULTS = {"policy": "inf_mllm", "budget": "512", "clip_seconds": 1.0, "max_new_tokens": 4}
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sample-s", type=float, default=5.0, help="seconds between memory samples (default 5)")
     s.add_argument("--warmup", type=float, default=0.2, help="share of rounds left out of the slope fit")
     s.add_argument("--model", default="tiny-vlm")
-    add_options(s, ("policy", "window", "bias", "budget", "fps", "clip_seconds", "max_new_tokens"), SOAK_DEFAULTS)
+    add_options(s, option_names(), SOAK_DEFAULTS)
     s.add_argument("--compare-full", type=float, metavar="X", default=0,
                    help="also run a full cache capped at X times the budget's memory")
     s.add_argument("--streams", type=int, default=1, metavar="N",

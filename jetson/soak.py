@@ -25,7 +25,7 @@ from streaming.checks import check_budget
 from streaming.errors import ConfigError
 from streaming.questions import QuestionError, parse_time
 from streaming.records import machine, record, write
-from streaming.settings import check_options
+from streaming.settings import Settings, check_options, option_names
 from streaming.soak import EveryKRounds, describe, run_soak, verdict
 from streaming.sources import FileSource, bundled_clip
 
@@ -37,14 +37,33 @@ def soak_one(adapter, video, policy: str, budget, rounds: int | None, duration_s
     """One soak of `policy` on a looped `video`; every sample goes to `log` (one JSON object per line).
     `options` are the policy's (default: `policy_options` without a window or bias of its own); `on_clip` is
     called after each clip turn (the progress bar)."""
-    from streaming.engine import TurnEngine  # loads torch: this module stays light until the arguments are checked
+    from inf_mllm.pool import SessionPool  # loads torch: this module stays light until the arguments are checked
+    from streaming.open import open_stream
 
     options = policy_options(policy, budget) if options is None else options
-    session = adapter.new_session(policy, budget=budget, **options)
     per_loop = max(1, math.ceil(FileSource(video, fps=args.fps).duration / args.clip_seconds))
     loops = math.ceil(rounds / per_loop) + 1 if rounds else 10**9
     source = FileSource(video, fps=args.fps, realtime=False, loops=loops)
-    engine = TurnEngine(adapter, session, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens)
+    pool = SessionPool(adapter.model, adapter.tokenizer)  # a lone stream is a pool of one
+    try:
+        stream = open_stream(stream_config(policy, budget, options, args), source, pool, adapter)
+        return _soak(stream, source, policy, rounds, duration_s, args, log, cap_bytes, on_clip)
+    finally:
+        pool.close()
+
+
+def stream_config(policy: str, budget, options: dict, args):
+    """The soak's stream as `open_stream` takes it: its policy, budget and options, the soak's clip and answer
+    lengths."""
+    from streaming.open import StreamConfig
+
+    return StreamConfig(Settings(policy=policy, budget=str(budget if budget is not None else Settings.budget),
+                                 fps=args.fps, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
+                                 **options), args.device)
+
+
+def _soak(stream, source, policy, rounds, duration_s, args, log, cap_bytes, on_clip) -> dict:
+    engine, session = stream.engine, stream.session
     schedule = EveryKRounds(args.question_every, args.clip_seconds)
     label = policy if cap_bytes is None else f"{policy}_capped"
     with Tegrastats(interval_ms=int(args.sample_s * 1000)) as teg:
@@ -61,8 +80,7 @@ def soak_streams(adapter, video, policy: str, budget, rounds: int | None, durati
     import threading
 
     from inf_mllm.pool import SessionPool
-    from streaming.budgets import headroom
-    from streaming.engine import TurnEngine
+    from streaming.open import open_stream
 
     pool = SessionPool(adapter.model, adapter.tokenizer, slots=streams)  # as stream-qa's streams (slots.py)
     per_loop = max(1, math.ceil(FileSource(video, fps=args.fps).duration / args.clip_seconds))
@@ -70,10 +88,8 @@ def soak_streams(adapter, video, policy: str, budget, rounds: int | None, durati
     runs, errors, engines, threads = [None] * streams, [], [], []
     with Tegrastats(interval_ms=int(args.sample_s * 1000)) as teg:
         for i in range(streams):
-            own = adapter.fork()
-            pooled = pool.open(make=lambda own=own: own.new_session(policy, budget=budget, **options),
-                               headroom=headroom(own, args.max_new_tokens))
-            engine = TurnEngine(own, pooled, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens)
+            stream = open_stream(stream_config(policy, budget, options, args), None, pool, adapter)
+            engine, pooled = stream.engine, stream.session
             engines.append(engine)
 
             def soak(i=i, engine=engine, session=pooled):
@@ -148,7 +164,7 @@ def check_soak_args(args) -> None:
         raise ConfigError("give exactly one of --rounds N or --duration TIME")
     if args.rounds is not None and args.rounds < 2:
         raise ConfigError(f"--rounds must be at least 2, got {args.rounds}")
-    check_options(args, ("clip_seconds", "fps", "max_new_tokens", "window", "bias"))
+    check_options(args, tuple(n for n in option_names() if n not in ("policy", "budget")))
     if not (math.isfinite(args.sample_s) and args.sample_s >= 0):
         raise ConfigError(f"--sample-s must be a number of seconds ≥ 0 (0: every round), got {args.sample_s}")
     if args.question_every < 1:

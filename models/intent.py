@@ -15,8 +15,9 @@ thing the detector counted are facts of the clip log, answered from it (`log_ans
 the clip its provenance names. "How many … did you see / so far / in the last minute?" is the most any one clip of
 that span counted: each clip is a moment, and the same two cars seen in two clips are not four.
 
-It lives beside recall so every caller reads a question the same way: the engine (`stream-qa`, the app,
-the server) and the library's `VideoAdapter.ask` on a session with recall (`VideoAdapter.read_question`).
+It lives in `models/`, below every front end, so each caller reads a question the same way: the engine
+(`stream-qa`, the app, the server) and the library's `VideoAdapter.ask` on a session with recall
+(`VideoAdapter.read_question`).
 """
 
 import contextlib

@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     import uvicorn
 
     from models.quiet import quiet_loaders
-    from streaming.hosted import add_checkpoint
+    from streaming.hosted import Host
 
     if not args.verbose:
         quiet_loaders()
@@ -75,7 +75,8 @@ def main(argv=None) -> int:
     from .api import create_app
 
     try:
-        offered = [add_checkpoint(folder) for folder in args.hf]
+        host = Host()
+        offered = [host.add_checkpoint(folder) for folder in args.hf]
     except (ValueError, OSError) as err:
         print(f"python -m serve: --hf: {str(err).strip().splitlines()[0]}", file=sys.stderr)
         return 1
@@ -90,7 +91,8 @@ def main(argv=None) -> int:
     print(f"python -m serve: loading {', '.join(config.preload)}; then http://{args.host}:{args.port} "
           f"(API docs at /docs)", file=sys.stderr, flush=True)
     # h11 (not httptools): its limit on a request's head is what caps header size (64 KB here)
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5,
+    uvicorn.run(create_app(config, host=host), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=5,
                 http="h11", h11_max_incomplete_event_size=64 * 1024,
                 ws="websockets-sansio", ws_max_size=config.max_message_bytes)  # /v1/realtime: a frame's event at most
     return 0

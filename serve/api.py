@@ -15,7 +15,7 @@ import contextlib
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from streaming.hosted import limit_streams, shared_pool
+from streaming.hosted import Host
 
 from . import docs, errors
 from .context import Server
@@ -26,17 +26,19 @@ from .routes import ROUTERS
 from .sessions import Refused, Sessions
 
 
-def create_app(config: ServerConfig | None = None, held=None) -> FastAPI:
+def create_app(config: ServerConfig | None = None, held=None, host: Host | None = None) -> FastAPI:
     """`held(session_id)`, awaited whenever this process serves a request of a session: how Ray Serve's
-    multiplexing learns which replica holds it (serve/ray_app.py)."""
+    multiplexing learns which replica holds it (serve/ray_app.py). `host`: the models served (default: the
+    models that load with no folder)."""
     config = config or ServerConfig()
-    limit_streams(config.max_sessions)  # one cap: the pool admits what the server's count does
-    srv = Server(config, Sessions(config), Metrics(), held)
+    host = host or Host()
+    host.limit_streams(config.max_sessions)  # one cap: the pool admits what the server's count does
+    srv = Server(config, Sessions(config, host), Metrics(), held)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
         for name in config.preload:  # loaded before the first request: a session opens in its prefill's time
-            await run_in_threadpool(shared_pool, name)
+            await run_in_threadpool(host.pool, name)
         sweeper = asyncio.create_task(_sweep(srv))
         yield
         sweeper.cancel()

@@ -24,6 +24,11 @@ class Server:
     held: Callable[[str], Awaitable] | None = None
     realtime: dict = field(default_factory=dict)  # session id → its Realtime connection (one at a time)
 
+    @property
+    def host(self):
+        """The models this server serves, each with its pool (streaming.hosted.Host)."""
+        return self.sessions.host
+
     async def find(self, session_id: str):
         """The session; one this process does not hold is continued from its folder, off the event loop."""
         hosted = self.sessions.held(session_id)
@@ -35,7 +40,7 @@ class Server:
 
     def state(self, hosted) -> dict:
         live = hosted.live
-        return {"id": hosted.id, "replica": self.config.replica, "settings": live.settings.__dict__,
+        return {"id": hosted.id, "replica": self.config.replica, "settings": live.settings.as_dict(),
                 "source": hosted.source, "budget_tokens": live.budget_tokens, "telemetry": live.telemetry(),
                 "memory": live.samples[-1] if live.samples else None, "ended": live.source_ended.is_set(),
                 "frames_pushed": hosted.pushed.pushed if hosted.pushed else None}

@@ -10,6 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from streaming.errors import one_line
+from streaming.settings import BadInput
+
 from .schema import MODELS_OF, AskRequest
 from .sessions import Refused
 
@@ -26,9 +29,9 @@ def error(status: int, message: str, retry_after: float | None = None, path: str
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
-def one_line(text: str) -> str:
-    lines = str(text).strip().splitlines()
-    return lines[0][:300] if lines else ""
+def _line(text) -> str:
+    """The one line a client gets, at most 300 characters."""
+    return one_line(text)[:300]
 
 
 def invalid(path: str, err: RequestValidationError) -> JSONResponse:
@@ -36,14 +39,14 @@ def invalid(path: str, err: RequestValidationError) -> JSONResponse:
     errors = err.errors()
     first = next((e for e in errors if e.get("type") == "extra_forbidden"), errors[0] if errors else {})
     if first.get("type") == "json_invalid":
-        return error(400, f"malformed JSON: {one_line(first.get('ctx', {}).get('error', 'cannot be read'))}", path=path)
+        return error(400, f"malformed JSON: {_line(first.get('ctx', {}).get('error', 'cannot be read'))}", path=path)
     where_in = [str(p) for p in first.get("loc", ()) if p != "body"]
     where = ".".join(where_in) or "request"
     if first.get("type") == "extra_forbidden":
         model = AskRequest if path.endswith("/questions") else MODELS_OF.get(".".join(where_in[:-1]))
         known = ", ".join(model.model_fields) if model else "see /docs"
         return error(422, f"{where}: unknown field; known fields: {known}", path=path)
-    return error(422, f"{where}: {one_line(first.get('msg', 'invalid'))}", path=path)
+    return error(422, f"{where}: {_line(first.get('msg', 'invalid'))}", path=path)
 
 
 def install(app: FastAPI, metrics) -> None:
@@ -57,7 +60,11 @@ def install(app: FastAPI, metrics) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(request, err: HTTPException):
-        return error(err.status_code, one_line(err.detail), path=request.url.path)
+        return error(err.status_code, _line(err.detail), path=request.url.path)
+
+    @app.exception_handler(BadInput)
+    async def _bad_input(request, err: BadInput):  # settings that cannot work, as every front end says it
+        return error(400, _line(err), path=request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, err: RequestValidationError):

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from streaming.service import IDLE_CLOSE_S
+from streaming.settings import IDLE_CLOSE_S
 
 
 @dataclass

@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
 from streaming.questions import MAX_QUESTION_CHARS
-from streaming.settings import Settings
+from streaming.settings import BOUNDS, Settings
 
 STRICT = ConfigDict(extra="forbid")  # a misspelt field is refused with the known ones, never silently defaulted
 
@@ -33,11 +33,16 @@ SERVER_LIMITS = {"fps": {"le": 30}, "clip_seconds": {"le": 600}, "window": {"le"
                  "max_new_tokens": {"le": 512}}
 
 
+def _field(f):
+    """A setting's field as pydantic's: its default, meaning and bounds, within the server's limits."""
+    bounds = {k: v for k, v in f.metadata.items() if k in BOUNDS} | SERVER_LIMITS.get(f.name, {})
+    return Field(f.default, description=f.metadata["description"], **bounds)
+
+
 def _from_settings(name: str, **more):
     """A request model whose fields are `streaming.settings.Settings`' own (defaults, bounds, descriptions) within
     the server's limits, and `more`."""
-    own = {f.name: (f.type, Field(f.default, **(f.metadata | SERVER_LIMITS.get(f.name, {}))))
-           for f in fields(Settings)}
+    own = {f.name: (f.type, _field(f)) for f in fields(Settings)}
     return create_model(name, __config__=STRICT, **own, **more)
 
 

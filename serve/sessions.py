@@ -68,8 +68,8 @@ class Hosted:
 
 
 class Sessions:
-    def __init__(self, config: ServerConfig):
-        self.config = config
+    def __init__(self, config: ServerConfig, host):
+        self.config, self.host = config, host  # host: the models served (streaming.hosted.Host)
         self._open: dict[str, Hosted] = {}
         self._lock = threading.Lock()
         self._opening = 0
@@ -104,9 +104,9 @@ class Sessions:
                 if self.config.sessions is not None:
                     folder = SessionDir(self.config.sessions / session_id, resume=resume)
                     if not resume:  # the source as described: a URL's credentials are never written
-                        folder.save_settings({"server": settings.__dict__, "source": source | described})
+                        folder.save_settings({"server": settings.as_dict(), "source": source | described})
                 try:
-                    live = HostedSession(settings, make, label, answers_after_end=True, folder=folder)
+                    live = HostedSession(self.host, settings, make, label, answers_after_end=True, folder=folder)
                 except BaseException:
                     if folder is not None and not resume:  # a refused open leaves no folder behind
                         shutil.rmtree(folder.path, ignore_errors=True)

@@ -18,10 +18,12 @@ from pathlib import Path
 
 from inf_mllm.spec import parse_budget
 
-from .errors import EXIT_INTERRUPTED, ConfigError, OutputError
+from .errors import EXIT_INTERRUPTED, ConfigError, OutputError, one_line
+from .settings import check_options, option_names
 
 MAX_NEW_TOKENS = 4096
-SETTING_OPTIONS = ("fps", "clip_seconds", "max_new_tokens", "window", "bias")  # stream-qa's, from `Settings`
+# stream-qa's settings options checked by their fields' bounds (the policy and the budget by their own grammar)
+SETTING_OPTIONS = tuple(name for name in option_names() if name not in ("policy", "budget"))
 
 
 def positive(name: str, value: float | None, integer: bool = False) -> None:
@@ -50,8 +52,6 @@ def check_budget(text: str, model: str | None = None) -> None:
 
 def check_args(args) -> None:
     """Every number `stream-qa` takes, before torch loads (so a typo costs no model load)."""
-    from .settings import check_options
-
     check_options(args, SETTING_OPTIONS, {"max_new_tokens": {"le": MAX_NEW_TOKENS}})
     positive("--loop", args.loop, integer=True)
     for webcam in args.webcam if isinstance(args.webcam, list) else [args.webcam]:  # several sources: a list
@@ -105,11 +105,6 @@ def check_device(device: str) -> None:
             raise ConfigError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
     if device == "mps" and not torch.backends.mps.is_available():
         raise ConfigError("--device mps: Apple's MPS backend is not available here; use --device cpu")
-
-
-def one_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__
 
 
 def log_dir() -> Path:

@@ -11,10 +11,9 @@ import warnings
 from dataclasses import fields
 
 import models  # the model list only: no torch
-from inf_mllm.spec import PolicySpec, Recall
+from inf_mllm.spec import PolicySpec
 from models.quiet import quiet_loaders
 
-from .budgets import compiles_decode, open_session
 from .checks import (
     check_args,
     check_device,
@@ -35,7 +34,7 @@ from .errors import (
     environment_fault,
     is_user_error,
 )
-from .lines import clip_line, print_answer, print_clip
+from .lines import Printed, print_answer
 from .questions import (
     Question,
     QuestionError,
@@ -46,7 +45,7 @@ from .questions import (
     read_file,
 )
 from .session_dir import SessionDir
-from .settings import Settings, add_options
+from .settings import Settings, add_options, folder_spec, option_names, unknown_model
 from .soak import run_soak_cli, soak_plan, soak_schedule
 from .sources import bundled_clip, open_source
 from .stdin import StdinQuestions, piped
@@ -54,6 +53,7 @@ from .streams import (
     SOURCE_KEYS,
     check_several,
     open_folders,
+    open_here,
     open_sources,
     run_streams,
     sources_of,
@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--webcam", type=int, action="append", default=[], metavar="N",
                      help="webcam index (OpenCV / V4L2); may be repeated")
     src.add_argument("--url", action="append", default=[], help="a stream URL (RTSP, HTTP); may be repeated")
-    add_options(src, ("fps", "clip_seconds"), FILE_DEFAULTS)
+    add_options(src, option_names("source"), FILE_DEFAULTS)
     src.add_argument("--fast", action="store_true", help="read files as fast as possible instead of in real time")
     src.add_argument("--loop", type=int, default=1, metavar="N", help="play a file N times in a row")
     q = p.add_argument_group("questions (default: seven sample questions about the bundled clip, or the lines piped on "
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--model", nargs="+", default=["tiny-vlm"], metavar="NAME [PATH]",
                    help=f"{models.usage()} (default tiny-vlm; hf's hub id, owner/name, loads where the hub is "
                         "reachable)")
-    add_options(m, ("policy", "budget", "bias", "window", "max_new_tokens"), FILE_DEFAULTS)
+    add_options(m, option_names("model"), FILE_DEFAULTS)
     m.add_argument("--device", default="cpu", help="where the model runs: cpu (default), cuda, cuda:N or mps")
     m.add_argument("--compile-decode", action=argparse.BooleanOptionalAction,
                    help="run decode steps compiled on fixed shapes (torch.compile; CUDA graphs on a GPU). Default: on "
@@ -166,22 +166,7 @@ def policy_spec(args, folder=None) -> PolicySpec:
                                                 if v is not None})
     except ValueError as err:
         raise UsageError(f"--policy {args.policy}: {one_line(err)}") from err
-    if folder is not None and spec.recall is None:
-        spec = spec.with_recall(Recall())
-    return spec
-
-
-def load_session(args, spec: PolicySpec, adapter, folder=None):
-    extra = {"store": folder.open_store()} if folder is not None else {}
-    if compiles_decode(args.device, args.compile_decode):
-        extra["compile_decode"] = True
-        print("stream-qa: decode steps run compiled on fixed shapes where the cache allows; the first answer "
-              "waits for the compile (--no-compile-decode: eager)", file=sys.stderr)
-    session, auto = open_session(adapter, spec, args.budget, args.max_new_tokens, args.device, **extra)
-    if auto is not None:
-        print(f"stream-qa: --budget auto: {min(session.cache.budgets)} tokens per layer ({auto.explain()})",
-              file=sys.stderr)
-    return session
+    return folder_spec(spec, folder)
 
 
 def main(argv=None) -> int:
@@ -249,8 +234,7 @@ def _run(args, out) -> int:
     else:
         qs, use_stdin = questions_from(args, duration * args.loop if duration else None)
         check_times(qs, duration * args.loop if duration else None)
-    spec = policy_spec(args, folder)
-    args.policy = spec.name  # what a session folder records (+recall included)
+    args.policy = policy_spec(args, folder).name  # what a session folder records (+recall included)
     said = video or args.url or f"webcam {args.webcam}"
     if args.server:
         from .remote import run_remote
@@ -259,73 +243,60 @@ def _run(args, out) -> int:
             raise UsageError("--server takes its questions from --ask, --questions or --every, not stdin")
         print(f"stream-qa: {said}; on {args.server}", file=sys.stderr)
         return run_remote(args, source, qs, out, lambda answer: print_answer(args, out, answer, None))
-    return _run_here(args, out, source, said, spec, folder, (qs, use_stdin), soak, str(video) if video else None)
+    return _run_here(args, out, source, said, folder, (qs, use_stdin), soak, str(video) if video else None)
 
 
-def _run_here(args, out, source, said: str, spec: PolicySpec, folder, questions: tuple, soak, video) -> int:
+def _run_here(args, out, source, said: str, folder, questions: tuple, soak, video) -> int:
     """One stream on this machine: the model loads (torch and transformers, once the input is known good), the
     session opens (or resumes from its folder), and its engine runs the source (or the soak)."""
     from models import ADAPTERS, load_adapter
 
-    from .engine import TurnEngine  # lazy: imports torch
+    from .open import open_stream  # lazy: imports torch
 
     name, *path = args.model
-    if name not in ADAPTERS:
-        raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
+    if (why := unknown_model(name, ADAPTERS)) is not None:
+        raise UsageError(why)
     check_device(args.device)
     print(f"stream-qa: {said}; loading {name}…", file=sys.stderr)
     if not args.verbose:
         quiet_loaders()
     adapter = load_adapter(name, path[0] if path else None, device=args.device)
     adapter.detect = args.detect
-    if getattr(source, "frame_size", None):  # token counts (the budget's floor) from the real frames
-        adapter.expect_frames(*source.frame_size)
-    session = load_session(args, spec, adapter, folder)
-    resume_at, (qs, use_stdin) = (0, 0.0), questions
-    if folder is not None and args.resume:
-        resume_at, qs, line = folder.resume_into(session, qs)  # earlier questions: asked now unless answered
-        print(f"stream-qa: {line}", file=sys.stderr)
-    elif folder is not None:
-        folder.save_settings({k: getattr(args, k) for k in SESSION_SETTINGS} | {"video": video})
-    engine = TurnEngine(adapter, session, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
-                        drop_when_full=source.live)  # a camera or a paced file cannot wait
-    engine.resume(resume_at)
-    # a question typed while the video plays is about it up to that moment (a file read --fast has no moment)
-    schedule = soak_schedule(args) if soak else \
-        StdinQuestions(Schedule(qs), source.asked_at, engine.cuts) if use_stdin else Schedule(qs)
-    return _stream(args, out, engine, source, schedule, soak, folder)
+    pool, config, _ = open_here(args, adapter)
+    try:
+        stream = open_stream(config, source, pool, adapter, folder)
+        if stream.auto is not None:
+            print(f"stream-qa: --budget auto: {min(stream.session.cache.budgets)} tokens per layer "
+                  f"({stream.auto.explain()})", file=sys.stderr)
+        resume_at, (qs, use_stdin), engine = (0, 0.0), questions, stream.engine
+        if folder is not None and args.resume:
+            resume_at, qs, line = folder.resume_into(stream.session, qs)  # earlier questions: asked unless answered
+            print(f"stream-qa: {line}", file=sys.stderr)
+        elif folder is not None:
+            folder.save_settings({k: getattr(args, k) for k in SESSION_SETTINGS} | {"video": video})
+        engine.resume(resume_at)
+        # a question typed while the video plays is about it up to that moment (a file read --fast has no moment)
+        schedule = soak_schedule(args) if soak else \
+            StdinQuestions(Schedule(qs), source.asked_at, engine.cuts) if use_stdin else Schedule(qs)
+        return _stream(args, out, engine, source, schedule, soak, folder, pool)
+    finally:
+        pool.close()
 
 
-def _stream(args, out, engine, source, schedule, soak, folder) -> int:
+def _stream(args, out, engine, source, schedule, soak, folder, pool) -> int:
     """The engine's run, its clips and answers printed (and kept in the session folder) as they come."""
-    session = engine.session
-
-    def on_clip(clip):
-        print(clip_line(clip, session, engine.telemetry), file=sys.stderr)
-        if args.json and args.clips:
-            print_clip(out, engine.log[-1])
-        if folder is not None:
-            folder.write_clip(engine.log[-1])
-
-    def on_token(question, piece):
-        if args.json:
-            return
-        out.write(f"[{engine.asked_t:7.1f}s] Q: {question.text}\n{'':11}A: " if piece is None else piece)
-        out.flush()
-
-    def on_answer(answer):
-        print_answer(args, out, answer, folder)
-
+    printed = Printed(args, out, engine, folder)
     try:
         if soak:
-            return run_soak_cli(args, soak, engine, session, source, schedule, on_answer, on_token, out)
-        for answer in engine.run(source, schedule, on_clip, on_token):
-            on_answer(answer)
+            _, on_token, on_answer = engine.relay(printed)
+            return run_soak_cli(args, soak, engine, engine.session, source, schedule, on_answer, on_token, out)
+        engine.play(source, schedule, printed)
     finally:
         if isinstance(schedule, StdinQuestions):
             schedule.close()
+        pool.close()  # the round under way ends first: nothing is written to the folder after it closes
         if folder is not None:
-            folder.close(session.store)
+            folder.close(engine.session.store)
     return 0
 
 
@@ -350,14 +321,13 @@ def _run_several(args, sources, out) -> int:
         qs, _ = questions_from(args, None if None in lengths else min(lengths) * args.loop)
         if not qs:
             raise QuestionError("several sources read no questions from stdin: give --ask, --questions or --every")
-        spec = policy_spec(args, folders[0])
-        args.policy = spec.name  # what the session folders record (+recall included)
+        args.policy = policy_spec(args, folders[0]).name  # what the session folders record (+recall included)
         common = {k: getattr(args, k) for k in SESSION_SETTINGS}
         settings = [common | dict.fromkeys(SOURCE_KEYS) | where for _, where in sources]
         from models import ADAPTERS, load_adapter
 
-        if name not in ADAPTERS:
-            raise UsageError(f"unknown model {name!r}; available: {', '.join(ADAPTERS)}")
+        if (why := unknown_model(name, ADAPTERS)) is not None:
+            raise UsageError(why)
         check_device(args.device)
         print(f"stream-qa: {len(sources)} sources; loading {name}…", file=sys.stderr)
         if not args.verbose:
@@ -369,7 +339,7 @@ def _run_several(args, sources, out) -> int:
             if folder is not None:
                 folder.close()
         raise
-    return run_streams(args, opened, qs, spec, adapter, out, folders, settings)
+    return run_streams(args, opened, qs, adapter, out, folders, settings)
 
 
 if __name__ == "__main__":

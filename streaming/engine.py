@@ -30,7 +30,8 @@ from models.base import Reading
 
 from . import budgets
 from .clips import Cuts
-from .errors import is_user_error
+from .errors import is_user_error, one_line
+from .events import ClipSeen, Done, Dropped, Started, Token
 from .ingest import END, WAKE, Clip, Ingest, Reached, Telemetry, shown  # noqa: F401 (Clip, shown: the engine's words too)
 from .questions import Question, Schedule
 
@@ -202,7 +203,7 @@ class TurnEngine:
                     raise  # not a passing fault: every turn fails the same way
                 self.telemetry.failed += 1
                 self.warn(f"clip {clip.index} ({clip.start:.1f}-{clip.end:.1f} s) dropped: {type(err).__name__}: "
-                          f"{_first_line(err)[:160]}{why}; the stream continues ({self.telemetry.failed} dropped)")
+                          f"{one_line(err)[:160]}{why}; the stream continues ({self.telemetry.failed} dropped)")
                 return False
 
     def _retry_after(self, err: Exception, where: str) -> str | None:
@@ -226,7 +227,7 @@ class TurnEngine:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         self.telemetry.oom_retries += 1
-        self.warn(f"out of memory in {where} ({_first_line(err)[:120]}); budget {min(old)} -> {min(new)} tokens "
+        self.warn(f"out of memory in {where} ({one_line(err)[:120]}); budget {min(old)} -> {min(new)} tokens "
                   f"per layer, retry {self._oom_attempts} of {self.max_oom_retries}")
         return None
 
@@ -255,6 +256,34 @@ class TurnEngine:
         oracle = self.oracle(question) if self.oracle is not None and recall is not None and recall.mode == "oracle" \
             else None
         return self.adapter.read_question(question.text, self.clip_log(), self.video_t, oracle)
+
+    def relay(self, handler) -> tuple:
+        """What `run` says, handed to `handler` as events (events.py): the run's callbacks (on_clip, on_token) and
+        what to call with each answer it yields. Each clip is `ClipSeen` (its clip-log entry), with `Dropped` when
+        ingest dropped clips since the last; each question `Started`, `Token`s, then `Done`."""
+        said = {"dropped": self.telemetry.dropped}
+
+        def on_clip(clip: Clip) -> None:
+            ClipSeen(self.log[-1]).to(handler)  # called once the clip went in: its entry is the newest
+            if self.telemetry.dropped > said["dropped"]:
+                said["dropped"] = self.telemetry.dropped
+                Dropped(self.telemetry.dropped).to(handler)
+
+        def on_token(question: Question, piece: str | None) -> None:
+            (Started(self.asked_t, question.text) if piece is None else Token(piece)).to(handler)
+
+        return on_clip, on_token, lambda answer: Done(answer, self.finish_reason(answer)).to(handler)
+
+    def play(self, source, schedule: Schedule, handler) -> None:
+        """`run`, with what it says handed to `handler` as events (`relay`)."""
+        on_clip, on_token, on_answer = self.relay(handler)
+        for answer in self.run(source, schedule, on_clip, on_token):
+            on_answer(answer)
+
+    def finish_reason(self, answer: Answer) -> str:
+        """OpenAI's word for how the answer ended: "length" when the model used every token it was allowed."""
+        used = len((answer.exchange or {}).get("answer", ()))
+        return "length" if answer.source == "model" and used >= self.max_new_tokens else "stop"
 
     def stamp(self, question: Question, known_to: float | None = None) -> float:
         """The video time an answer is about: the time it was asked, when the cache holds every frame up to it
@@ -303,7 +332,3 @@ class TurnEngine:
             recalled=recalled, looked_up=reading.resolution.why, source="model" if direct is None else "clip log",
             exchange=self.session.exchange.as_dict() if direct is None and self.session.exchange else None)
 
-
-def _first_line(err: BaseException) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[0] if lines else type(err).__name__

@@ -18,6 +18,13 @@ EXIT_OK, EXIT_BUG, EXIT_BAD_INPUT, EXIT_SOAK_FAILED, EXIT_SOAK_INCONCLUSIVE = 0,
 EXIT_INTERRUPTED, EXIT_BROKEN_PIPE = 130, 141
 
 
+def one_line(err: BaseException | str) -> str:
+    """What an error (or a message) says, as the one line every front end shows: its first line, else its type's
+    name."""
+    lines = str(err).strip().splitlines()
+    return lines[0] if lines else (type(err).__name__ if isinstance(err, BaseException) else "")
+
+
 class UserError(ValueError):
     """Bad input or set-up; the message is one line for the user and names what to change."""
 

@@ -11,84 +11,85 @@ import threading
 from pathlib import Path
 
 from inf_mllm.pool import SessionPool
-from inf_mllm.spec import Recall
 from models import load_adapter, runs_here
 
-from .budgets import headroom, open_session
-from .checks import one_line
 from .engine import Answer
+from .errors import one_line
 from .live import LiveSession
 from .memory import auto_budget
-from .settings import BadInput, Settings  # noqa: F401  (their one home; the products import them from here too)
+from .open import StreamConfig, open_stream
+from .settings import BadInput, Settings, unknown_model  # noqa: F401  (their one home; products import them here too)
 
 ANSWER_FIELDS = set(Answer.__dataclass_fields__)
-MODELS = runs_here()  # the models that load with no folder (models.ADAPTERS); `python -m app --hf DIR` adds checkpoints
-CHECKPOINTS: dict[str, str] = {}  # model name in the list → transformers checkpoint folder (`--model hf`)
-_adapters: dict[str, object] = {}
-_pools: dict[str, SessionPool] = {}
-_adapters_lock = threading.Lock()
-_max_streams = 64  # streams a model's pool admits: the server sets its --max-sessions here (`limit_streams`)
 
 
-def shared_adapter(name: str):
-    """Weights are loaded once per process; each session forks its own stream state."""
-    if name not in MODELS:
-        raise BadInput(f"unknown model {name!r}; available: {', '.join(MODELS)}")
-    with _adapters_lock:
-        if name not in _adapters:
-            _adapters[name] = load_adapter("hf", CHECKPOINTS[name]) if name in CHECKPOINTS else load_adapter(name)
-        return _adapters[name]
+class Host:
+    """The models one process serves (the app, the server, a Ray replica): each loaded once on first use, with one
+    session pool whose caches fit in the memory free when it opened (the `--budget auto` probe's figure);
+    `max_streams`, the most streams a pool admits (the server's --max-sessions, so one number caps its sessions)."""
 
+    def __init__(self, max_streams: int = 64):
+        self.models: list[str] = runs_here()  # the models that load with no folder; `add_checkpoint` adds more
+        self.checkpoints: dict[str, str] = {}  # model name in the list -> transformers checkpoint folder
+        self.max_streams = max_streams
+        self._adapters: dict[str, object] = {}
+        self._pools: dict[str, SessionPool] = {}
+        self._lock = threading.Lock()
 
-def shared_pool(name: str) -> SessionPool:
-    """The one session pool of a model: every tab's stream on it, its caches within the memory free when it opened
-    (the `--budget auto` probe's figure)."""
-    adapter = shared_adapter(name)
-    with _adapters_lock:
-        if name not in _pools:
-            free = auto_budget(None, str(adapter.device))
-            _pools[name] = SessionPool(adapter.model, adapter.tokenizer, unbounded=True,  # "full": the comparison
-                                       kv_bytes=max(0, free.free_bytes - free.reserve_bytes),
-                                       max_streams=_max_streams)
-        return _pools[name]
+    def check(self, name: str) -> None:
+        """A model this host offers, or one line (`BadInput`)."""
+        if (why := unknown_model(name, self.models)) is not None:
+            raise BadInput(why)
 
+    def adapter(self, name: str):
+        """The model's adapter, loaded once; each session forks its own stream state from it."""
+        self.check(name)
+        with self._lock:
+            if name not in self._adapters:
+                folder = self.checkpoints.get(name)
+                self._adapters[name] = load_adapter("hf", folder) if folder else load_adapter(name)
+            return self._adapters[name]
 
-def limit_streams(count: int) -> None:
-    """The most streams a model's pool admits, for pools opened from now on and those open: the server's
-    `max_sessions`, so one number caps a server's sessions (the pool refuses past it what the server's count does)."""
-    global _max_streams
-    with _adapters_lock:
-        _max_streams = count
-        for pool in _pools.values():
-            pool.admission.max_streams = count
+    def pool(self, name: str) -> SessionPool:
+        """The model's one session pool: every session on it."""
+        adapter = self.adapter(name)
+        with self._lock:
+            if name not in self._pools:
+                free = auto_budget(None, str(adapter.device))
+                self._pools[name] = SessionPool(adapter.model, adapter.tokenizer, unbounded=True,  # "full": compared
+                                                kv_bytes=max(0, free.free_bytes - free.reserve_bytes),
+                                                max_streams=self.max_streams)
+            return self._pools[name]
 
+    def limit_streams(self, count: int) -> None:
+        """The most streams a pool admits, for pools opened from now on and those open."""
+        with self._lock:
+            self.max_streams = count
+            for pool in self._pools.values():
+                pool.admission.max_streams = count
 
-def add_checkpoint(folder: str) -> str:
-    """Offer a transformers checkpoint folder in the model list as "hf:NAME". Loaded now: a folder that cannot
-    work fails at start-up, in one line, not in a user's session."""
-    name = f"hf:{Path(folder).expanduser().resolve().name}"
-    if name not in MODELS:
-        with _adapters_lock:
-            _adapters[name] = load_adapter("hf", folder)
-        CHECKPOINTS[name] = folder
-        MODELS.append(name)
-    return name
+    def add_checkpoint(self, folder: str) -> str:
+        """Offer a transformers checkpoint folder in the model list as "hf:NAME". Loaded now: a folder that cannot
+        work fails at start-up, in one line, not in a user's session."""
+        name = f"hf:{Path(folder).expanduser().resolve().name}"
+        if name not in self.models:
+            with self._lock:
+                self._adapters[name] = load_adapter("hf", folder)
+            self.checkpoints[name] = folder
+            self.models.append(name)
+        return name
 
 
 class HostedSession(LiveSession):
-    """A viewer's or client's live session on its model's shared pool, opened from its settings. With a session
+    """A viewer's or client's live session on its model's pool in `host`, opened from its settings. With a session
     `folder` (streaming/session_dir.py) its clips are stored there and every answer is written there before it is
     handed over, and a folder opened to resume continues the session after its last stored clip."""
 
-    def __init__(self, settings: Settings, make_source, label: str, answers_after_end: bool = False, folder=None):
+    def __init__(self, host: Host, settings: Settings, make_source, label: str, answers_after_end: bool = False,
+                 folder=None):
         self.settings, self.folder = settings, folder
-        spec, budget = settings.spec(), settings.budget_value()
-        if folder is not None and spec.recall is None:
-            spec = spec.with_recall(Recall())  # a folder's session is its store
-        adapter = shared_adapter(settings.model).fork()
-        pool = shared_pool(settings.model)
-        extra = {"store": folder.open_store()} if folder is not None else {}
         resume_at, before = (0, 0.0), []
+
         def restore(session):  # a session continued from its folder: its exchanges put back
             nonlocal resume_at, before
             resume_at = folder.resume_point(session.store)
@@ -96,17 +97,16 @@ class HostedSession(LiveSession):
             before = [Answer(**{k: v for k, v in row.items() if k in ANSWER_FIELDS}) for row in folder.answered()]
 
         try:
-            session = pool.open(make=lambda: open_session(adapter, spec, budget, settings.max_new_tokens, **extra)[0],
-                                headroom=headroom(adapter, settings.max_new_tokens),
-                                prepare=restore if folder is not None and folder.resume else None)
+            stream = open_stream(StreamConfig(settings), None, host.pool(settings.model), host.adapter(settings.model),
+                                 folder,
+                                 prepare=restore if folder is not None and folder.resume else None)
         except ValueError as err:  # too small a budget, a bad window, no room in the pool: as stream-qa says it
             if folder is not None:
                 folder.close(folder.store)
             raise BadInput(one_line(err).removeprefix("--")) from err
         try:
-            super().__init__(adapter, session, make_source, label, clip_seconds=settings.clip_seconds,
-                             max_new_tokens=settings.max_new_tokens, answers_after_end=answers_after_end,
-                             resume_at=resume_at, transcript=before)
+            super().__init__(stream.adapter, stream.session, make_source, label, answers_after_end=answers_after_end,
+                             resume_at=resume_at, transcript=before, engine=stream.engine)
         except BaseException:
             if folder is not None:
                 folder.close(folder.store)

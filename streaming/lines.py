@@ -2,7 +2,9 @@
 and an answer's record line (--json) or the line after its streamed text."""
 
 import json
+import sys
 
+from .events import ClipSeen, Done, Handler, Started, Token
 from .provenance import notes
 
 
@@ -11,13 +13,13 @@ def clip_record(meta: dict) -> dict:
     return {k: meta[k] for k in ("clip", "start", "end", "seen", "objects", "counted_at", "boxes") if k in meta}
 
 
-def clip_line(clip, session, telemetry, objects: bool = True) -> str:
-    """A clip's progress line: its end time, the cache's size, ingest speed, drops and (`objects`) what the detector
-    saw."""
+def clip_line(meta: dict, session, telemetry, objects: bool = True) -> str:
+    """A clip's progress line, from its clip-log entry: its end time, the cache's size, ingest speed, drops and
+    (`objects`) what the detector saw."""
     from models.detector import plural  # here: torch has loaded by now
 
-    seen = clip.encoded.meta.get("objects") if objects else None
-    return (f"[{clip.end:7.1f}s] clip {clip.index:4d} | kv {session.kv_tokens} tok "
+    seen = meta.get("objects") if objects else None
+    return (f"[{meta['end']:7.1f}s] clip {meta['clip']:4d} | kv {session.kv_tokens} tok "
             f"{session.kv_bytes / 2**20:.1f} MB | ingest {telemetry.ingest_speed:.1f}x real time"
             + (f" | dropped {telemetry.dropped}" if telemetry.dropped else "")
             + (f" | sees {', '.join(f'{n} {plural(w) if n > 1 else w}' for w, n in seen.items()) or 'nothing'}"
@@ -39,3 +41,32 @@ def print_answer(args, out, answer, folder) -> None:
     else:
         out.write(f"   ({answer.ttft_s:.2f} s to first token, {answer.kv_tokens} KV tokens; {notes(answer)})\n")
     out.flush()
+
+
+class Printed(Handler):
+    """What `stream-qa` writes of one stream's events: each clip's progress line on stderr (and its record with
+    `--json --clips`), each question and its answer's text as it comes, then the answer's record line; the clips and
+    the answers kept in the session folder (`folder`) first."""
+
+    def __init__(self, args, out, engine, folder=None):
+        self.args, self.out, self.engine, self.folder = args, out, engine, folder
+
+    def on_clip_seen(self, event: ClipSeen) -> None:
+        print(clip_line(event.clip, self.engine.session, self.engine.telemetry), file=sys.stderr)
+        if self.args.json and self.args.clips:
+            print_clip(self.out, event.clip)
+        if self.folder is not None:
+            self.folder.write_clip(event.clip)
+
+    def on_started(self, event: Started) -> None:
+        if not self.args.json:
+            self.out.write(f"[{event.video_t:7.1f}s] Q: {event.question}\n{'':11}A: ")
+            self.out.flush()
+
+    def on_token(self, event: Token) -> None:
+        if not self.args.json:
+            self.out.write(event.text)
+            self.out.flush()
+
+    def on_done(self, event: Done) -> None:
+        print_answer(self.args, self.out, event.answer, self.folder)

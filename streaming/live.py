@@ -2,7 +2,8 @@
 
 The interactive front ends (the app's tabs, the HTTP server) each hold one per viewer or client: frames arrive
 from a source while the engine's model thread answers questions at turn boundaries; each question gets a queue
-that receives ("start", video_t), the answer's text pieces, then the `Answer` (None if the stream ended first).
+that receives its events (`events.py`: `Started`, `Token`s, then `Done` or `Unanswered`), and a subscriber the
+stream's own (`ClipSeen`, `Dropped`).
 Memory is sampled after every turn for the graphs and telemetry; `close()` ends ingest and the engine and frees
 the cache's room in its pool.
 """
@@ -15,6 +16,7 @@ import psutil
 import torch
 
 from .engine import Answer, TurnEngine
+from .events import ClipSeen, Done, Dropped, Started, Token, Unanswered
 from .questions import Question, Schedule
 
 
@@ -67,15 +69,16 @@ class LiveSession:
 
     def __init__(self, adapter, session, make_source, label: str, clip_seconds: float = 2.0,
                  max_new_tokens: int = 16, answers_after_end: bool = False, resume_at: tuple[int, float] = (0, 0.0),
-                 transcript: list | None = None):
+                 transcript: list | None = None, engine: TurnEngine | None = None):
         """`answers_after_end`: once the source has ended, questions about what was seen are still answered
         (until `close`); otherwise the session is finished when its video is. `resume_at` (clips already stored,
-        their video time) and `transcript` (the answers given before): a session continued from its folder."""
+        their video time) and `transcript` (the answers given before): a session continued from its folder. `engine`:
+        the stream's engine as `open.open_stream` made it (its clip length and answer length its own)."""
         self.adapter, self.session, self.label = adapter, session, label
         self.answers_after_end = answers_after_end
         self.source_ended = threading.Event()
         self._asked = threading.Event()
-        self.engine = TurnEngine(adapter, session, clip_seconds=clip_seconds, max_new_tokens=max_new_tokens)
+        self.engine = engine or TurnEngine(adapter, session, clip_seconds=clip_seconds, max_new_tokens=max_new_tokens)
         self.engine.resume(resume_at)
         try:
             self.source = make_source(self.engine.stop)
@@ -94,6 +97,8 @@ class LiveSession:
         self.samples: list[dict] = []
         self.notices: list[str] = []  # things a page should say in its chat (a source that failed)
         self.notice_log: list[str] = []  # all of them, for API clients
+        self.subscribers: list = []  # what receives the stream's own events (anything with `put`)
+        self._dropped = 0  # frames dropped, as last said to the subscribers
         self.finished = threading.Event()
         self.closing = False
         self.last_active = time.monotonic()
@@ -125,19 +130,19 @@ class LiveSession:
                 unanswered = [self.current, *(out for _, out in self.waiting.values())]
             for q in unanswered:
                 if q is not None:
-                    q.put(None)  # unanswered: the stream ended first
+                    q.put(Unanswered("the stream ended before this question's turn"))
 
     def _unreached(self, questions) -> None:
         """Questions timed past where the stream ended: the video never reached them; they end unanswered."""
         with self.schedule.lock:
             outs = [self.waiting.pop(id(q))[1] for q in questions if id(q) in self.waiting]
         for out in outs:
-            out.put(None)
+            out.put(Unanswered("the stream ended before this question's time"))
 
     def _answered(self, answer) -> None:
         self.transcript.append(answer)
         self._sample(self.engine.video_t, "answer")
-        self.current.put(answer)
+        self.current.put(Done(answer, self.engine.finish_reason(answer)))
         self.current = None
 
     def _notice(self, text: str) -> None:
@@ -147,13 +152,23 @@ class LiveSession:
     def _on_clip(self, clip) -> None:
         self.shown = clip  # the newest clip in the cache: the app draws its last frame with the detector's boxes
         self._sample(clip.end, "clip")
+        if self.subscribers:
+            self._tell(ClipSeen(self.engine.log[-1]))  # called once the clip went in: its entry is the newest
+            dropped = self.engine.telemetry.dropped
+            if dropped > self._dropped:
+                self._dropped = dropped
+                self._tell(Dropped(dropped))
+
+    def _tell(self, event) -> None:
+        for out in list(self.subscribers):
+            out.put(event)
 
     def _on_token(self, question: Question, piece: str | None) -> None:
         if piece is None:
             self.current = self.waiting.pop(id(question))[1]
-            self.current.put(("start", self.engine.asked_t))
+            self.current.put(Started(self.engine.asked_t, question.text))
         else:
-            self.current.put(piece)
+            self.current.put(Token(piece))
 
     def _sample(self, video_t: float, after: str) -> None:
         s = self.session
@@ -176,7 +191,7 @@ class LiveSession:
         at = self.source.asked_at() if at is None else at
         with self.schedule.lock:
             if self.finished.is_set():
-                out.put(None)
+                out.put(Unanswered("the stream has ended"))
                 return out
             question = Question(text, at)
             self.waiting[id(question)] = (question, out)
@@ -184,6 +199,13 @@ class LiveSession:
         self.engine.cuts.add(at)  # the clip open at `at` closes there
         self.engine.wake()
         self._asked.set()
+        return out
+
+    def subscribe(self, out=None):
+        """`out` (anything with `put`; a new queue.Queue by default) receives the stream's own events from now on:
+        each clip seen, frames dropped."""
+        out = queue.Queue() if out is None else out
+        self.subscribers.append(out)
         return out
 
     @property

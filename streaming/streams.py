@@ -17,12 +17,14 @@ import sys
 import threading
 from pathlib import Path
 
-from .budgets import compiles_decode, headroom
+from .budgets import compiles_decode
 from .errors import EXIT_BAD_INPUT, ConfigError, UsageError, is_user_error
+from .events import ClipSeen, Done, Handler
 from .lines import clip_line, clip_record
 from .memory import MB, auto_budget
 from .provenance import notes
 from .session_dir import SETTINGS, SessionDir
+from .settings import settings_of
 
 SOURCE_KEYS = ("video", "webcam", "url")
 
@@ -98,21 +100,31 @@ def open_sources(args, sources) -> list:
             for label, where in sources]
 
 
-def run_streams(args, sources, questions, spec, adapter, out, folders=None, settings=None) -> int:
+def open_here(args, adapter, slots: int = 0):
+    """A pool for the run's model (`slots`: streams whose decode steps share one step on fixed shapes; compiled on a
+    GPU) and its config: what `open_stream` takes for each stream."""
+    from inf_mllm.pool import SessionPool
+
+    from .open import StreamConfig
+
+    compiled = compiles_decode(args.device, args.compile_decode)
+    if compiled:
+        print("stream-qa: decode steps run compiled on fixed shapes where the cache allows; the first answer "
+              "waits for the compile (--no-compile-decode: eager)", file=sys.stderr)
+    free = auto_budget(None, args.device) if slots else None  # several streams: their caches within free memory
+    pool = SessionPool(adapter.model, adapter.tokenizer, slots=slots or int(compiled), compile_decode=compiled,
+                       kv_bytes=max(0, free.free_bytes - free.reserve_bytes) if free else None)
+    return pool, StreamConfig(settings_of(args, args.model[0]), args.device), free
+
+
+def run_streams(args, sources, questions, adapter, out, folders=None, settings=None) -> int:
     """Every (label, source) through its own engine on one pool, each with its session folder if `folders` (resumed,
     or new: `settings[i]` saved in stream i's); returns the exit status (0, or EXIT_BAD_INPUT when a stream ended on
     an error)."""
-    from inf_mllm.pool import SessionPool
-
-    free = auto_budget(None, args.device)
-    # the streams' decode steps on fixed shapes (slots.py): on a GPU one CUDA graph; run as is elsewhere, where they
-    # beat eager rows when every stream answers (benchmarks streams)
-    compiled = compiles_decode(args.device, args.compile_decode)
-    pool = SessionPool(adapter.model, adapter.tokenizer, kv_bytes=max(0, free.free_bytes - free.reserve_bytes),
-                       slots=len(sources), compile_decode=compiled)
+    pool, config, free = open_here(args, adapter, slots=len(sources))
     folders = folders or [None] * len(sources)
     try:
-        streams = [_open_stream(args, pool, i, label, source, folder, spec, adapter, questions, free, settings)
+        streams = [_open_stream(args, pool, config, i, label, source, folder, adapter, questions, free, settings)
                    for i, ((label, source), folder) in enumerate(zip(sources, folders, strict=True), start=1)]
         print(f"stream-qa: {len(streams)} streams on one {type(adapter).__name__} (budget {args.budget} tokens a "
               f"layer each; {pool.admission.kv_bytes / MB:.0f} MB for their caches)", file=sys.stderr)
@@ -128,62 +140,67 @@ def run_streams(args, sources, questions, spec, adapter, out, folders=None, sett
     return EXIT_BAD_INPUT if failed else 0
 
 
-def _open_stream(args, pool, i, label, source, folder, spec, adapter, questions, free, settings) -> tuple:
+def _open_stream(args, pool, config, i, label, source, folder, adapter, questions, free, settings) -> tuple:
     """Stream i's session (its own adapter, admitted to the pool or refused in one line), engine and schedule."""
     from inf_mllm.admission import PoolFull
 
-    from .budgets import open_session
-    from .engine import TurnEngine
+    from .open import open_stream
     from .questions import Schedule
 
-    own = adapter.fork()
-    extra = {"store": folder.open_store()} if folder is not None else {}
     try:
-        pooled = pool.open(make=lambda: open_session(own, spec, args.budget, args.max_new_tokens, args.device,
-                                                     **extra)[0], headroom=headroom(own, args.max_new_tokens))
+        stream = open_stream(config, source, pool, adapter, folder)
     except PoolFull as err:
         raise ConfigError(f"stream {i} ({label}): {err} ({free.explain()})") from None
-    engine = TurnEngine(own, pooled, clip_seconds=args.clip_seconds, max_new_tokens=args.max_new_tokens,
-                        drop_when_full=source.live)
     asked = list(questions)
     if folder is not None and args.resume:
-        resume_at, asked, line = folder.resume_into(pooled, asked)
-        engine.resume(resume_at)
+        resume_at, asked, line = folder.resume_into(stream.session, asked)
+        stream.engine.resume(resume_at)
         print(f"stream-qa: stream {i} ({label}): {line}", file=sys.stderr)
     elif folder is not None:
         folder.save_settings(settings[i - 1])
-    return i, label, engine, pooled, source, Schedule(asked), folder
+    return i, label, stream.engine, stream.session, source, Schedule(asked), folder
 
 
 def _play(args, out, lock, failed: list, i, label, engine, session, source, schedule, folder) -> None:
     """One stream's run on its own thread: its lines tagged with it, under the lock; an error ends it alone."""
-    tag = f"[stream {i} {label}]"
-
-    def on_clip(clip):
-        with lock:
-            print(f"{tag} {clip_line(clip, session, engine.telemetry, objects=False)}", file=sys.stderr)
-            if folder is not None:
-                folder.write_clip(engine.log[-1])
-            if args.json and getattr(args, "clips", False):
-                out.write(json.dumps({"stream": i, "input": label, **clip_record(engine.log[-1])}) + "\n")
-
     try:
-        for answer in engine.run(source, schedule, on_clip):
-            with lock:
-                if folder is not None:  # kept before it is printed: a crash loses nothing printed
-                    folder.write_answer(answer)
-                if args.json:
-                    out.write(json.dumps({"stream": i, "input": label} | answer.as_dict()) + "\n")
-                else:
-                    out.write(f"{tag} [{answer.video_t:7.1f}s] Q: {answer.question}\n{tag} {'':9}A: "
-                              f"{answer.answer}\n{tag} {'':9}({answer.ttft_s:.2f} s to first token, "
-                              f"{answer.kv_tokens} KV tokens; {notes(answer)})\n")
-                out.flush()
+        engine.play(source, schedule, Tagged(args, out, lock, i, label, engine, folder))
     except Exception as err:  # one stream's end: the others go on
         failed.append(i)
         kind = "" if is_user_error(err) else f"{type(err).__name__}: "
         with lock:
             print(f"stream-qa: stream {i} ({label}) ended: {kind}{str(err).strip().splitlines()[0]}", file=sys.stderr)
+
+
+class Tagged(Handler):
+    """What `stream-qa` writes of stream i's events among several: every line tagged with the stream, written under
+    the run's `lock`; clips and answers kept in its session folder before they are printed."""
+
+    def __init__(self, args, out, lock, i: int, label: str, engine, folder):
+        self.args, self.out, self.lock, self.engine, self.folder = args, out, lock, engine, folder
+        self.i, self.label, self.tag = i, label, f"[stream {i} {label}]"
+
+    def on_clip_seen(self, event: ClipSeen) -> None:
+        with self.lock:
+            line = clip_line(event.clip, self.engine.session, self.engine.telemetry, objects=False)
+            print(f"{self.tag} {line}", file=sys.stderr)
+            if self.folder is not None:
+                self.folder.write_clip(event.clip)
+            if self.args.json and getattr(self.args, "clips", False):
+                self.out.write(json.dumps({"stream": self.i, "input": self.label, **clip_record(event.clip)}) + "\n")
+
+    def on_done(self, event: Done) -> None:
+        answer, tag = event.answer, self.tag
+        with self.lock:
+            if self.folder is not None:  # kept before it is printed: a crash loses nothing printed
+                self.folder.write_answer(answer)
+            if self.args.json:
+                self.out.write(json.dumps({"stream": self.i, "input": self.label} | answer.as_dict()) + "\n")
+            else:
+                self.out.write(f"{tag} [{answer.video_t:7.1f}s] Q: {answer.question}\n{tag} {'':9}A: "
+                               f"{answer.answer}\n{tag} {'':9}({answer.ttft_s:.2f} s to first token, "
+                               f"{answer.kv_tokens} KV tokens; {notes(answer)})\n")
+            self.out.flush()
 
 
 def _join(threads: list, engines: list) -> None:

@@ -10,7 +10,7 @@ import pytest
 from app.handlers import Handlers, answered
 from app.ui import build
 from app.views import FULL, KV, RSS, STORE, STORE_CAP, WEIGHTS, numbers, store_of
-from streaming.engine import Answer
+from streaming.events import Done
 
 
 def until(done, timeout=120.0):
@@ -81,9 +81,10 @@ def test_a_loop_of_the_player_is_said_once_and_the_numbers_show_the_lap(chat):
 def test_an_answer_read_off_the_clip_log_shows_no_tokens_per_second(chat):
     def answer(question):
         out = chat.ask(question)
-        while not isinstance(item := out.get(timeout=120), Answer):
-            assert item is not None, "the stream ended before the answer"
-        return item
+        while not (event := out.get(timeout=120)).final:
+            continue
+        assert isinstance(event, Done), event
+        return event.answer
 
     logged = answer("how many times did you see a car?")
     assert logged.source == "clip log"

@@ -329,17 +329,13 @@ def test_stream_qa_refuses_a_family_it_cannot_place_in_one_line(tmp_path):
 
 
 def test_the_app_offers_a_checkpoint_folder_and_refuses_a_bad_one_in_one_line(tmp_path):
-    from app import chat
+    from streaming.hosted import Host
 
     folder = tiny.save("llava_onevision", tmp_path / "ov-tiny")
-    name = chat.add_checkpoint(str(folder))
-    try:
-        assert name == "hf:ov-tiny" and name in chat.MODELS
-        assert chat.shared_adapter(name).family.name == "llava_onevision"
-    finally:
-        chat.MODELS.remove(name)
-        chat.CHECKPOINTS.pop(name)
-        chat._adapters.pop(name)
+    host = Host()
+    name = host.add_checkpoint(str(folder))
+    assert name == "hf:ov-tiny" and name in host.models and name not in Host().models  # this host's alone
+    assert host.adapter(name).family.name == "llava_onevision"
     bad = subprocess.run([sys.executable, "-m", "app", "--hf", str(tmp_path / "missing")], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 1 and "no config.json" in bad.stderr and "Traceback" not in bad.stderr

@@ -12,6 +12,7 @@ import pytest
 
 from app.sources import PlaybackSource
 from streaming.clips import ClipGrouper, Cuts, grouped
+from streaming.events import Done, Started
 from streaming.frames import Frame
 from streaming.live import LiveSession
 from streaming.sources import bundled_clip, handed_over
@@ -94,9 +95,10 @@ def test_is_there_a_bicycle_now_asked_every_half_second_sees_the_frames_up_to_th
                 time.sleep(0.01)
             out = live.ask("is there a bicycle now?")
             start = out.get(timeout=120)
-            got = next(item for item in iter(partial(out.get, timeout=120), object()) if not isinstance(item, str))
-            assert start == ("start", pytest.approx(position)) and got is not None
-            rows.append((float(position), got.video_t, got.answer))
+            got = next(item for item in iter(partial(out.get, timeout=120), object()) if item.final)
+            assert isinstance(start, Started) and start.video_t == pytest.approx(position), start
+            assert start.question == "is there a bicycle now?" and isinstance(got, Done), got
+            rows.append((float(position), got.answer.video_t, got.answer.answer))
         log = {m["clip"]: m for m in live.engine.clip_log()}
     finally:
         live.close()

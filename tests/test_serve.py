@@ -233,15 +233,14 @@ def test_an_rtsp_camera_on_loopback_is_pulled_by_the_server_and_by_stream_qa(cli
 
 def test_one_cap_a_servers_max_sessions_is_what_its_model_pools_admit():
     """The server's count and the pool's admission are one number: `--max-sessions`, set at the app's creation on
-    the pools already open (and on those opened after it, `hosted.limit_streams`)."""
+    the host's pools already open (and on those opened after it, `Host.limit_streams`)."""
     from serve.api import create_app
     from serve.limits import ServerConfig
-    from streaming.hosted import limit_streams, shared_pool
+    from streaming.hosted import Host
 
-    pool = shared_pool("tiny-vlm")
-    try:
-        create_app(ServerConfig(max_sessions=3, preload=()))
-        assert pool.admission.max_streams == 3 and shared_pool("tiny-vlm") is pool
-    finally:
-        limit_streams(64)
-    assert pool.admission.max_streams == 64
+    host = Host()
+    pool = host.pool("tiny-vlm")
+    app = create_app(ServerConfig(max_sessions=3, preload=()), host=host)
+    assert pool.admission.max_streams == 3 and host.pool("tiny-vlm") is pool and app.state.server.host is host
+    assert Host().max_streams == 64  # another process's host (or another server's) has its own cap
+    pool.close()

@@ -20,7 +20,8 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from streaming.hosted import MODELS, Settings
+from streaming.events import Done, Handler, Token, Unanswered
+from streaming.hosted import Settings, unknown_model
 from streaming.questions import MAX_QUESTION_CHARS
 
 from ..context import AUTHORISED, SERVER, Server
@@ -75,15 +76,15 @@ class ChatRequest(BaseModel):
 
 
 @router.get("/models")
-async def models():
+async def models(srv: Server = SERVER):
     return {"object": "list", "data": [{"id": name, "object": "model", "created": CREATED, "owned_by": "stream-qa"}
-                                       for name in MODELS]}
+                                       for name in srv.host.models]}
 
 
 @router.post("/chat/completions")
 async def chat_completions(req: ChatRequest, srv: Server = SERVER):
-    if req.model not in MODELS:
-        raise Refused(404, f"unknown model {req.model!r}; available: {', '.join(MODELS)}")
+    if (why := unknown_model(req.model, srv.host.models)) is not None:
+        raise Refused(404, why)  # OpenAI's status for a model it does not have
     question, frames = read_messages(req.messages, srv.config.max_upload_bytes)
     settings = Settings(model=req.model, max_new_tokens=req.max_completion_tokens or req.max_tokens or 16)
     hosted = await run_in_threadpool(srv.sessions.open, settings, None)
@@ -101,14 +102,10 @@ async def chat_completions(req: ChatRequest, srv: Server = SERVER):
         return StreamingResponse(reply.chunks(srv, hosted, answering), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     try:
-        pieces = 0
-        while True:
-            item = await answering.queue.queue.get()
-            if item is None:
-                raise Refused(409, answering.unanswered())
-            pieces += isinstance(item, str)
-            if not isinstance(item, tuple | str):
-                return reply.completion(answering.answered(item), pieces)
+        whole = Whole(reply, answering)
+        while not (event := await answering.queue.queue.get()).final:
+            event.to(whole)
+        return event.to(whole)
     finally:
         await run_in_threadpool(srv.sessions.close, hosted.id)
 
@@ -179,10 +176,10 @@ class Reply:
         return {"prompt_tokens": record["kv_tokens"], "completion_tokens": pieces,
                 "total_tokens": record["kv_tokens"] + pieces, "stream_qa": record | {"decoding": self.decoding}}
 
-    def completion(self, record: dict, pieces: int) -> dict:
+    def completion(self, record: dict, pieces: int, finish: str = "stop") -> dict:
         message = {"role": "assistant", "content": record["answer"]}
         return self._head("chat.completion") | {
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop", "logprobs": None}],
+            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
             "usage": self._usage(record, pieces)}
 
     def chunk(self, delta: dict, finish: str | None = None) -> bytes:
@@ -193,22 +190,11 @@ class Reply:
         """The answer's tokens as they come; the session closes once it is done (or the client left)."""
         try:
             yield self.chunk({"role": "assistant", "content": ""})
-            pieces = 0
-            while True:
-                item = await answering.queue.queue.get()
-                if item is None:
-                    yield _event({"error": {"message": answering.unanswered()}})
-                    break
-                if isinstance(item, str):
-                    pieces += 1
-                    yield self.chunk({"content": item})
-                elif not isinstance(item, tuple):
-                    record = answering.answered(item)
-                    yield self.chunk({}, "stop")
-                    if self.usage:
-                        yield _event(self._head("chat.completion.chunk") | {"choices": [],
-                                                                            "usage": self._usage(record, pieces)})
-                    break
+            streamed = Streamed(self, answering)
+            while not (event := await answering.queue.queue.get()).final:
+                if chunk := event.to(streamed):
+                    yield chunk
+            yield event.to(streamed)
             yield b"data: [DONE]\n\n"
         finally:
             await asyncio.shield(run_in_threadpool(srv.sessions.close, hosted.id))
@@ -216,3 +202,39 @@ class Reply:
 
 def _event(body: dict) -> bytes:
     return f"data: {json.dumps(body)}\n\n".encode()
+
+
+class Whole(Handler):
+    """A question's events read to the whole completion (`"stream": false`): its tokens counted, then the record."""
+
+    def __init__(self, reply: Reply, answering: Answering):
+        self.reply, self.answering, self.pieces = reply, answering, 0
+
+    def on_token(self, event: Token) -> bytes:
+        self.pieces += 1
+        return b""
+
+    def on_done(self, event: Done) -> dict:
+        return self.reply.completion(self.answering.answered(event.answer), self.pieces, event.finish_reason)
+
+    def on_unanswered(self, event: Unanswered):
+        raise Refused(409, self.answering.unanswered())
+
+
+class Streamed(Whole):
+    """A question's events as completion chunks (`"stream": true`)."""
+
+    def on_token(self, event: Token) -> bytes:
+        super().on_token(event)
+        return self.reply.chunk({"content": event.text})
+
+    def on_done(self, event: Done) -> bytes:
+        reply, record = self.reply, self.answering.answered(event.answer)
+        out = reply.chunk({}, event.finish_reason)
+        if reply.usage:
+            out += _event(reply._head("chat.completion.chunk") | {"choices": [],
+                                                                  "usage": reply._usage(record, self.pieces)})
+        return out
+
+    def on_unanswered(self, event: Unanswered) -> bytes:
+        return _event({"error": {"message": self.answering.unanswered()}})

@@ -3,8 +3,6 @@
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from streaming.hosted import MODELS
-
 from ..context import AUTHORISED, SERVER, Server
 from ..metrics import CONTENT_TYPE
 
@@ -13,7 +11,7 @@ router = APIRouter()
 
 @router.get("/healthz")
 async def healthz(srv: Server = SERVER):
-    return {"ok": True, "sessions": len(srv.sessions), "models": MODELS, "replica": srv.config.replica}
+    return {"ok": True, "sessions": len(srv.sessions), "models": srv.host.models, "replica": srv.config.replica}
 
 
 @router.get("/metrics", dependencies=AUTHORISED)

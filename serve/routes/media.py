@@ -7,10 +7,10 @@ import numpy as np
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
+from streaming.errors import one_line
 from streaming.sources import FileSource, SourceError
 
 from ..context import AUTHORISED, SERVER, Server
-from ..errors import one_line
 from ..guards import FrameRefused, decode_frame
 from ..sessions import Refused
 
@@ -81,7 +81,7 @@ def decode_video(data: bytes, fps: float) -> list:
         try:
             frames = list(FileSource(tmp.name, fps=fps))
         except SourceError as err:
-            raise Refused(400, f"the video cannot be read: {one_line(err).replace(tmp.name, 'the upload')}") \
+            raise Refused(400, f"the video cannot be read: {one_line(err)[:300].replace(tmp.name, 'the upload')}") \
                 from None
         except Exception as err:  # a decoder's own failure on damaged bytes
             raise Refused(400, f"the video cannot be read ({type(err).__name__})") from None

@@ -13,6 +13,8 @@ import json
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
+from streaming.events import Done, Handler, Started, Token, Unanswered
+
 from ..context import AUTHORISED, SERVER, Server
 from ..schema import AskRequest
 from ..sessions import Refused
@@ -96,18 +98,15 @@ class Answering:
 
     async def record(self) -> dict:
         """The answer's record alone: the start and the tokens are passed over."""
-        while True:
-            item = await self.queue.queue.get()
-            if item is None:
-                raise Refused(409, self.unanswered())
-            if not isinstance(item, tuple | str):
-                return self.answered(item)
+        while not (event := await self.queue.queue.get()).final:
+            continue
+        return event.to(_Record(self))
 
     async def events(self, batch_s: float):
         """SSE chunks of the answer's events; tokens after the first that come within `batch_s` of each other go
         out as one chunk (each chunk costs a hop through a proxy such as Ray's); `waiting` events at once and every
         few seconds while the question waits for video."""
-        loop, pending, deadline, tokens, started = asyncio.get_running_loop(), b"", None, 0, False
+        loop, pending, deadline, started, chunks = asyncio.get_running_loop(), b"", None, False, _Chunks(self)
         getter = asyncio.ensure_future(self.queue.queue.get())  # kept across waits: a timed-out wait loses nothing
         try:
             if first := self.waiting():
@@ -124,18 +123,14 @@ class Answering:
                         yield pending
                         pending, deadline = b"", None
                         continue
-                item = await getter
+                event = await getter
                 getter = asyncio.ensure_future(self.queue.queue.get())
-                if item is None or not isinstance(item, tuple | str):  # the end: unanswered, or the record
-                    last = sse("error", {"error": self.unanswered()}) if item is None else sse("answer",
-                                                                                             self.answered(item))
-                    yield pending + last
+                chunk, batched = event.to(chunks)
+                started = True
+                if event.final:
+                    yield pending + chunk
                     return
-                if isinstance(item, tuple):
-                    chunk, started = sse("start", {"video_t": item[1]}), True
-                else:
-                    chunk, tokens = sse("token", {"text": item}), tokens + 1
-                if isinstance(item, str) and tokens > 1 and batch_s > 0:
+                if batched and batch_s > 0:
                     pending += chunk
                     deadline = deadline if deadline is not None else loop.time() + batch_s
                 else:
@@ -143,3 +138,38 @@ class Answering:
                     pending, deadline = b"", None
         finally:
             getter.cancel()
+
+
+class _Record(Handler):
+    """The end of a question asked with `"stream": false`: its record, or a 409."""
+
+    def __init__(self, answering: Answering):
+        self.answering = answering
+
+    def on_done(self, event: Done) -> dict:
+        return self.answering.answered(event.answer)
+
+    def on_unanswered(self, event: Unanswered) -> dict:
+        raise Refused(409, self.answering.unanswered())
+
+
+class _Chunks(_Record):
+    """Each event as its SSE chunk, and whether it may wait to go out with the tokens after it (a token after the
+    first)."""
+
+    def __init__(self, answering: Answering):
+        super().__init__(answering)
+        self.tokens = 0
+
+    def on_started(self, event: Started) -> tuple[bytes, bool]:
+        return sse("start", {"video_t": event.video_t}), False
+
+    def on_token(self, event: Token) -> tuple[bytes, bool]:
+        self.tokens += 1
+        return sse("token", {"text": event.text}), self.tokens > 1
+
+    def on_done(self, event: Done) -> tuple[bytes, bool]:
+        return sse("answer", super().on_done(event)), False
+
+    def on_unanswered(self, event: Unanswered) -> tuple[bytes, bool]:
+        return sse("error", {"error": self.answering.unanswered()}), False

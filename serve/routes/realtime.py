@@ -28,7 +28,7 @@ from collections import deque
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.concurrency import run_in_threadpool
 
-from streaming.hosted import MODELS, Settings
+from streaming.hosted import Settings, unknown_model
 from streaming.questions import MAX_QUESTION_CHARS
 
 from ..context import Server, token_accepted
@@ -103,9 +103,8 @@ class Connection:
                                                                    "Bearer …)")
             return False
         model = query.get("model") or Settings().model
-        if model not in MODELS:
-            await self.refuse(POLICY_VIOLATION, "model_not_found",
-                              f"unknown model {model[:80]!r}; available: {', '.join(MODELS)}")
+        if (why := unknown_model(model, self.srv.host.models)) is not None:
+            await self.refuse(POLICY_VIOLATION, "model_not_found", why)
             return False
         try:
             if query.get("session"):
@@ -149,7 +148,7 @@ class Connection:
         return {"type": "realtime", "object": "realtime.session", "id": self.hosted.id, "model": settings.model,
                 "instructions": self.instructions, "output_modalities": ["text"],
                 "max_output_tokens": settings.max_new_tokens,
-                "stream_qa": settings.__dict__ | {"budget_tokens": live.budget_tokens,
+                "stream_qa": settings.as_dict() | {"budget_tokens": live.budget_tokens,
                                                   "video_t": round(live.engine.video_t, 3),
                                                   "stored_clips": self.stored_clips}}
 
@@ -212,7 +211,8 @@ class Connection:
     # --- session.update --------------------------------------------------------------------------
 
     async def session_update(self, event: dict) -> None:
-        settings, instructions = events.read_session(event.get("session"), self.hosted.live.settings, self.instructions)
+        settings, instructions = events.read_session(event.get("session"), self.hosted.live.settings, self.instructions,
+                                                       self.srv.host.models)
         if settings != self.hosted.live.settings:
             await self.reopen(settings)
         self.instructions = instructions
@@ -331,20 +331,12 @@ class Connection:
         await self.send("response.output_item.added", response_id=rid, output_index=0,
                         item=item | {"status": "in_progress"})
         await self.send("response.content_part.added", **where, part={"type": "text", "text": ""})
-        pieces = 0
+        told = events.Told(self, answering, where, item, response)
         while True:
-            got = await answering.queue.queue.get()
+            event = await answering.queue.queue.get()
             self.hosted.touch()
-            if got is None:  # the stream ended before the answer
-                failed = {"type": "failed", "error": {"type": "server_error", "message": answering.unanswered()}}
-                await self.send("response.done", response=response | {"status": "failed", "output": [],
-                                                                      "status_details": failed})
-                return
-            if isinstance(got, str):
-                pieces += 1
-                await self.send("response.output_text.delta", **where, delta=got)
-            elif not isinstance(got, tuple):
-                await self.finish(answering.answered(got), pieces, where, item, response)
+            await event.to(told)
+            if event.final:
                 return
 
     async def finish(self, record: dict, pieces: int, where: dict, item: dict, response: dict) -> None:

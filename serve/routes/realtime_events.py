@@ -1,12 +1,14 @@
 """What a Realtime client's events may carry (`routes/realtime.py`), read and checked before anything is done:
-the session settings of a `session.update` and a user message's parts."""
+the session settings of a `session.update` and a user message's parts; and a question's events told back as the
+protocol's `response.*` events (`Told`)."""
 
 import uuid
 from dataclasses import replace
 
 from pydantic import ValidationError
 
-from streaming.hosted import MODELS, Settings
+from streaming.events import Done, Handler, Started, Token, Unanswered
+from streaming.hosted import Settings, unknown_model
 
 from ..schema import SessionSettings
 from ..sessions import Refused
@@ -43,7 +45,7 @@ def said(err: Refused) -> str:
     return err.message + (f"; retry in {err.retry_after:g} s" if err.retry_after else "")
 
 
-def read_session(session, current: Settings, instructions: str) -> tuple[Settings, str]:
+def read_session(session, current: Settings, instructions: str, models: list[str]) -> tuple[Settings, str]:
     """A `session.update`'s session: (the settings it leaves, the instructions it leaves)."""
     if not isinstance(session, dict):
         raise BadEvent("invalid_event", "session.update needs a 'session' object", "session")
@@ -58,10 +60,10 @@ def read_session(session, current: Settings, instructions: str) -> tuple[Setting
     if not isinstance(instructions, str) or len(instructions) > MAX_INSTRUCTIONS:
         raise BadEvent("invalid_value", f"instructions: a string of at most {MAX_INSTRUCTIONS} characters",
                        "session.instructions")
-    return _settings(session, current), instructions
+    return _settings(session, current, models), instructions
 
 
-def _settings(session: dict, current: Settings) -> Settings:
+def _settings(session: dict, current: Settings, models: list[str]) -> Settings:
     """The settings with what the update changes: `stream_qa`'s keys, `model`, `max_output_tokens`."""
     changes = session.get("stream_qa") or {}
     if not isinstance(changes, dict):
@@ -73,7 +75,7 @@ def _settings(session: dict, current: Settings) -> Settings:
     if tokens is not None and tokens != "inf":
         changes["max_new_tokens"] = tokens
     try:
-        checked = SessionSettings.model_validate(current.__dict__ | changes)
+        checked = SessionSettings.model_validate(current.as_dict() | changes)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -81,8 +83,8 @@ def _settings(session: dict, current: Settings) -> Settings:
             raise BadEvent("unknown_parameter", f"stream_qa.{where[:60]}: unknown setting; known: "
                                                 f"{', '.join(SessionSettings.model_fields)}") from None
         raise BadEvent("invalid_value", f"stream_qa.{where}: {first['msg']}", f"session.stream_qa.{where}") from None
-    if checked.model not in MODELS:
-        raise BadEvent("model_not_found", f"unknown model {checked.model[:80]!r}; available: {', '.join(MODELS)}")
+    if (why := unknown_model(checked.model, models)) is not None:
+        raise BadEvent("model_not_found", why)
     return replace(current, **checked.model_dump())
 
 
@@ -127,3 +129,28 @@ def text_only(fields: dict, where: str) -> None:
                        f"{where}.output_modalities")
     if fields.get("audio"):
         raise BadEvent("audio_not_supported", "this server takes images and text, not audio", f"{where}.audio")
+
+
+class Told(Handler):
+    """A question's events as Realtime's `response.*` events (every method a coroutine: each sends)."""
+
+    def __init__(self, connection, answering, where: dict, item: dict, response: dict):
+        self.connection, self.answering, self.where, self.item, self.response = connection, answering, where, item, \
+            response
+        self.pieces = 0
+
+    async def on_started(self, event: Started) -> None:
+        return None
+
+    async def on_token(self, event: Token) -> None:
+        self.pieces += 1
+        await self.connection.send("response.output_text.delta", **self.where, delta=event.text)
+
+    async def on_done(self, event: Done) -> None:
+        await self.connection.finish(self.answering.answered(event.answer), self.pieces, self.where, self.item,
+                                     self.response)
+
+    async def on_unanswered(self, event: Unanswered) -> None:  # the stream ended before the answer
+        failed = {"type": "failed", "error": {"type": "server_error", "message": self.answering.unanswered()}}
+        await self.connection.send("response.done", response=self.response | {"status": "failed", "output": [],
+                                                                               "status_details": failed})

@@ -3,11 +3,10 @@
 from fastapi import APIRouter
 from starlette.concurrency import run_in_threadpool
 
-from streaming.hosted import MODELS, Settings
+from streaming.hosted import Settings
 
 from ..context import AUTHORISED, SERVER, Server
 from ..schema import OpenRequest
-from ..sessions import Refused
 
 router = APIRouter(prefix="/v1/sessions", dependencies=AUTHORISED)
 
@@ -15,8 +14,7 @@ router = APIRouter(prefix="/v1/sessions", dependencies=AUTHORISED)
 @router.post("", status_code=201)
 async def open_session(req: OpenRequest, srv: Server = SERVER):
     settings = Settings(**req.model_dump(exclude={"source"}))
-    if req.model not in MODELS:
-        raise Refused(400, f"unknown model {req.model!r}; available: {', '.join(MODELS)}")
+    srv.host.check(req.model)  # BadInput: a 400 (errors.py)
     hosted = await run_in_threadpool(srv.sessions.open, settings, req.source.model_dump() if req.source else None)
     if srv.held is not None:
         await srv.held(hosted.id)
