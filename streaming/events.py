@@ -35,33 +35,31 @@ class Handler:
 
 
 class Event:
-    """The base of every event: `to(handler)` is its kind's one dispatch."""
+    """The base of every event: `to(handler)` calls the handler's method for the event's `kind` (`on_<kind>`), the
+    one dispatch of every consumer."""
 
+    kind = ""  # each event class names its kind; `Handler` has an `on_<kind>` for it
     final = False  # the last event a question's queue receives
 
     def to(self, handler: Handler) -> Any:
-        raise NotImplementedError
+        return getattr(handler, f"on_{self.kind}")(self)
 
 
 @dataclass(frozen=True)
 class Started(Event):
     """The question's turn has come: its answer is about the video up to `video_t` seconds."""
 
+    kind = "started"
     video_t: float
     question: str = ""
-
-    def to(self, handler: Handler) -> Any:
-        return handler.on_started(self)
 
 
 @dataclass(frozen=True)
 class Token(Event):
     """A piece of the answer's text, as the model gave it (or the whole of an answer read off the clip log)."""
 
+    kind = "token"
     text: str
-
-    def to(self, handler: Handler) -> Any:
-        return handler.on_token(self)
 
 
 @dataclass(frozen=True)
@@ -69,12 +67,10 @@ class Done(Event):
     """The answer's record (`streaming.engine.Answer`); `finish_reason` as OpenAI's: "stop" (the model ended it, or
     the clip log answered) or "length" (it used every token it was allowed)."""
 
+    kind = "done"
     answer: Any
     finish_reason: str = "stop"
     final = True
-
-    def to(self, handler: Handler) -> Any:
-        return handler.on_done(self)
 
 
 @dataclass(frozen=True)
@@ -82,28 +78,23 @@ class Unanswered(Event):
     """The question will not be answered: the stream ended first, or never reached its time (`reason` says which
     when the session knows; empty when it does not)."""
 
+    kind = "unanswered"
     reason: str = ""
     final = True
-
-    def to(self, handler: Handler) -> Any:
-        return handler.on_unanswered(self)
 
 
 @dataclass(frozen=True)
 class ClipSeen(Event):
     """A clip went into the cache: its clip-log record (index, video span, words, counts, boxes)."""
 
+    kind = "clip_seen"
     clip: dict
-
-    def to(self, handler: Handler) -> Any:
-        return handler.on_clip_seen(self)
 
 
 @dataclass(frozen=True)
 class Dropped(Event):
     """Frames a live source delivered that ingest could not keep up with (`frames` so far in this stream)."""
 
+    kind = "dropped"
     frames: int
 
-    def to(self, handler: Handler) -> Any:
-        return handler.on_dropped(self)
