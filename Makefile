@@ -80,15 +80,17 @@ train-tiny-vlm-base: setup
 
 # pytest-xdist workers: one per core of a 2-core machine (each gives torch one thread: tests/conftest.py)
 WORKERS ?= 2
+# a test that hangs fails after this long with every thread's stack, instead of running into CI's limit
+HANG := --timeout=1200 --timeout-method=thread
 
 # the README's test command (under 20 min on a fresh 2-core machine); CI also runs test-slow
 test: setup corpus
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not browser" --durations=20
+	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not browser" --durations=20 $(HANG)
 
 # long runs (stream_ppl's resume reads the corpus) and the app in Chromium; few long tests: spread one by one
 test-slow: setup corpus chromium rtsp
-	$(PY) -m pytest -q -n $(WORKERS) --dist worksteal -m "slow or browser" --durations=30
+	$(PY) -m pytest -q -n $(WORKERS) --dist worksteal -m "slow or browser" --durations=30 $(HANG)
 
 bench-quick: setup corpus
 	$(PY) -m benchmarks stream_ppl --quick --out benchmarks/results/quick

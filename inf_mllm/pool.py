@@ -175,16 +175,32 @@ class SessionPool:
         if work is None:
             return False
         questions, wanting, turns, job = work
-        with torch.inference_mode():
-            if questions:
-                self._prefill(questions)
-            if wanting:
-                self._step(wanting)
-            if turns:
-                self._clip_turns(turns)
-            if job is not None:
-                self._job(job)
+        try:
+            with torch.inference_mode():
+                if questions:
+                    self._prefill(questions)
+                if wanting:
+                    self._step(wanting)
+                if turns:
+                    self._clip_turns(turns)
+                if job is not None:
+                    self._job(job)
+        except BaseException as err:  # noqa: BLE001 (not one stream's fault: every caller waiting gets it)
+            self._broken(err, (*questions, *turns, *([job] if job else [])))
+            return False
         return True
+
+    def _broken(self, err: BaseException, running) -> None:
+        """A round ended by what no stream's own handling takes (KeyboardInterrupt, SystemExit, a process dying):
+        the pool closes, and the items of the round and every caller waiting get the error instead of waiting for
+        a thread that is gone."""
+        with self._cond:
+            self._closed = True
+            for item in running:
+                if not item.future.done():
+                    item.fail(err)
+            self._fail_all(err)
+            self._cond.notify_all()
 
     def _schedule(self) -> tuple | None:
         """What this round runs (under the lock): every question waiting, the answers whose readers want their next

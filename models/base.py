@@ -46,6 +46,7 @@ class EncodedClip:
     meta: dict = field(default_factory=dict)
     times: list[float] | None = None
     inject: list[torch.Tensor] | None = None
+    frame_boxes: tuple = ()  # (video time, the detector's boxes) of each frame, apart from `meta`: not logged
 
 
 @dataclass
@@ -109,6 +110,7 @@ class VideoAdapter(ABC):
 
             objects = shared().clip(frames)
             encoded.meta.update(objects.meta(timestamps))
+            encoded.frame_boxes = objects.frame_boxes(timestamps)
             encoded.meta.setdefault("seen", ", ".join(objects.counts) or "nothing recognised")
         return encoded
 

@@ -186,6 +186,13 @@ class ClipObjects:
             out["counted_at"] = {w: self.frame_time(w, n, times) for w, n in self.counts.items()}
         return out
 
+    def frame_boxes(self, times) -> tuple:
+        """(video time, that frame's boxes as the clip log writes boxes) of each frame: what an alert draws on the
+        frame it was counted in; empty without the frames' times."""
+        if len(times) != len(self.frames):
+            return ()
+        return tuple((float(t), [b.as_dict() for b in boxes]) for t, boxes in zip(times, self.frames, strict=True))
+
     def frame_time(self, word: str, n: int, times) -> float:
         """The time of the last frame that found `n` of `word` (a median between two counts: the last that found
         any; a counted word was found in one frame at least)."""

@@ -33,7 +33,8 @@ def create_app(config: ServerConfig | None = None, held=None, host: Host | None 
     config = config or ServerConfig()
     host = host or Host()
     host.limit_streams(config.max_sessions)  # one cap: the pool admits what the server's count does
-    srv = Server(config, Sessions(config, host), Metrics(), held)
+    metrics = Metrics()
+    srv = Server(config, Sessions(config, host, metrics), metrics, held)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

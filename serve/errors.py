@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException
 from streaming.errors import one_line
 from streaming.settings import BadInput
 
-from .schema import MODELS_OF, AskRequest
+from .schema import MODELS_OF, AskRequest, WatchRequest
 from .sessions import Refused
 
 OPENAI_PATHS = ("/v1/chat/", "/v1/models")
@@ -43,7 +43,8 @@ def invalid(path: str, err: RequestValidationError) -> JSONResponse:
     where_in = [str(p) for p in first.get("loc", ()) if p != "body"]
     where = ".".join(where_in) or "request"
     if first.get("type") == "extra_forbidden":
-        model = AskRequest if path.endswith("/questions") else MODELS_OF.get(".".join(where_in[:-1]))
+        model = AskRequest if path.endswith("/questions") else WatchRequest if path.endswith("/watches") else \
+            MODELS_OF.get(".".join(where_in[:-1]))
         known = ", ".join(model.model_fields) if model else "see /docs"
         return error(422, f"{where}: unknown field; known fields: {known}", path=path)
     return error(422, f"{where}: {_line(first.get('msg', 'invalid'))}", path=path)

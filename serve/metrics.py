@@ -24,6 +24,9 @@ class Metrics:
                                        "(a type the protocol lacks: other)", ["type"], registry=r)
         self.realtime_frames = Counter("stream_qa_realtime_frames", "Frames pushed over Realtime connections",
                                        registry=r)
+        self.alerts = Counter("stream_qa_alerts", "Alerts fired by sessions' watches", registry=r)
+        self.events_dropped = Counter("stream_qa_events_dropped", "Session events an SSE receiver was too far behind "
+                                      "to be given", registry=r)
         self.refused = Counter("stream_qa_refused", "Requests refused with 429", ["reason"], registry=r)
 
     def answered(self, answer, telemetry: dict) -> None:

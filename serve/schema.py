@@ -1,12 +1,15 @@
 """What a client may send: the request bodies, each refusing a field it does not know (pydantic, `extra="forbid"`)."""
 
 from dataclasses import fields
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 from pydantic_core import PydanticCustomError
 
+from models.watch import MAX_CHARS
 from streaming.questions import MAX_QUESTION_CHARS
 from streaming.settings import BOUNDS, Settings
+from streaming.watches import COOLDOWN_S, MAX_WATCHES, REARM_CLIPS
 
 STRICT = ConfigDict(extra="forbid")  # a misspelt field is refused with the known ones, never silently defaulted
 
@@ -46,8 +49,20 @@ def _from_settings(name: str, **more):
     return create_model(name, __config__=STRICT, **own, **more)
 
 
+WatchText = Annotated[str, Field(min_length=1, max_length=MAX_CHARS)]
 OpenRequest = _from_settings("OpenRequest", source=(SourceSpec | None, Field(
-    None, description="none: the client pushes frames")))
+    None, description="none: the client pushes frames")), watches=(list[WatchText], Field(
+        [], max_length=MAX_WATCHES, description="standing conditions in plain words (\"a person\", \"more than 2 "
+                                                "cars\", \"the car leaves\"), judged on every clip")))
+
+
+class WatchRequest(BaseModel):
+    model_config = STRICT
+    text: WatchText = Field(description="what to watch for, in plain words (\"… @once\": only the first time)")
+    cooldown_s: float = Field(COOLDOWN_S, ge=0, le=86_400, allow_inf_nan=False,
+                              description="video seconds after an alert before this watch fires again")
+    rearm_clips: int = Field(REARM_CLIPS, ge=1, le=1000,
+                             description="clips in a row without the condition before this watch fires again")
 
 
 class AskRequest(BaseModel):

@@ -19,6 +19,7 @@ from streaming.session_dir import SETTINGS, SessionDir
 from streaming.sources import SourceError, open_source
 from streaming.urls import UrlRefused, redact
 
+from .events import Broadcast
 from .limits import ServerConfig
 
 SESSION_ID = re.compile(r"[A-Za-z0-9_-]{16,64}")  # what `secrets.token_urlsafe` gives: nothing a path could use
@@ -68,8 +69,9 @@ class Hosted:
 
 
 class Sessions:
-    def __init__(self, config: ServerConfig, host):
+    def __init__(self, config: ServerConfig, host, metrics=None):
         self.config, self.host = config, host  # host: the models served (streaming.hosted.Host)
+        self.events = Broadcast(metrics)  # every session's clips and alerts, for the whole-server event feeds
         self._open: dict[str, Hosted] = {}
         self._lock = threading.Lock()
         self._opening = 0
@@ -87,11 +89,12 @@ class Sessions:
         with self._lock:
             return list(self._open.values())
 
-    def open(self, settings: Settings, source: dict | None) -> Hosted:
-        """A new session (blocking: the system prompt's prefill); 429 past `max_sessions` or the pool's memory."""
-        return self._start(secrets.token_urlsafe(18), settings, source or {}, resume=False)
+    def open(self, settings: Settings, source: dict | None, watches=()) -> Hosted:
+        """A new session (blocking: the system prompt's prefill) with its `watches` (words); 429 past
+        `max_sessions` or the pool's memory."""
+        return self._start(secrets.token_urlsafe(18), settings, source or {}, resume=False, watches=watches)
 
-    def _start(self, session_id: str, settings: Settings, source: dict, resume: bool) -> Hosted:
+    def _start(self, session_id: str, settings: Settings, source: dict, resume: bool, watches=()) -> Hosted:
         with self._lock:
             if len(self._open) + self._opening >= self.config.max_sessions:
                 raise Refused(429, f"this server holds {self.config.max_sessions} sessions at most; close one or "
@@ -106,7 +109,8 @@ class Sessions:
                     if not resume:  # the source as described: a URL's credentials are never written
                         folder.save_settings({"server": settings.as_dict(), "source": source | described})
                 try:
-                    live = HostedSession(self.host, settings, make, label, answers_after_end=True, folder=folder)
+                    live = HostedSession(self.host, settings, make, label, answers_after_end=True, folder=folder,
+                                         name=session_id, watches=watches)
                 except BaseException:
                     if folder is not None and not resume:  # a refused open leaves no folder behind
                         shutil.rmtree(folder.path, ignore_errors=True)
@@ -127,6 +131,7 @@ class Sessions:
                 raise Refused(400, why) from None
             hosted = Hosted(session_id, live, live.source if described["kind"] == "push" else None,
                             described, time.time())
+            live.subscribe(self.events.of(session_id))
             with self._lock:
                 self._open[hosted.id] = hosted
             return hosted

@@ -59,6 +59,7 @@ from .streams import (
     sources_of,
     stream_folders,
 )
+from .watches import add_watch_options, check_watches, watching
 
 # a file's run: longer clips and a larger budget than a hosted session's (the settings' own defaults)
 FILE_DEFAULTS = {"budget": "512", "clip_seconds": 4.0}
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --json: a line per clip too: its clip, start, end, seen, objects and boxes")
     p.add_argument("--server", metavar="URL", help="run on a streaming-session server (python -m serve) instead of "
                    "here: this machine decodes and sends the frames, the server answers ($STREAM_QA_TOKEN: its token)")
+    add_watch_options(p)
     k = p.add_argument_group("memory soak")
     k.add_argument("--soak", metavar="ROUNDS|TIME",
                    help="loop the source for N clip turns (10000) or a wall-clock time (30m, 2h), asking --question "
@@ -219,6 +221,7 @@ def _run(args, out) -> int:
     args.video, args.webcam, args.url = (args.video or [None])[0], (args.webcam or [None])[0], (args.url or [None])[0]
     folder = open_session_dir(args)
     check_args(args)
+    _check_watches(args)
     if len(args.model) > 2:
         raise UsageError("--model takes a name and at most one path")
     default_run = args.video is None and args.webcam is None and args.url is None
@@ -275,6 +278,7 @@ def _run_here(args, out, source, said: str, folder, questions: tuple, soak, vide
         elif folder is not None:
             folder.save_settings({k: getattr(args, k) for k in SESSION_SETTINGS} | {"video": video})
         engine.resume(resume_at)
+        engine.watches = watching(args, said, folder, resume_at[0])
         # a question typed while the video plays is about it up to that moment (a file read --fast has no moment)
         schedule = soak_schedule(args) if soak else \
             StdinQuestions(Schedule(qs), source.asked_at, engine.cuts) if use_stdin else Schedule(qs)
@@ -300,9 +304,16 @@ def _stream(args, out, engine, source, schedule, soak, folder, pool) -> int:
     return 0
 
 
+def _check_watches(args) -> None:
+    try:
+        check_watches(args)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
 def check_remote(args, folder, soak) -> None:
     """What a run on a server cannot do, said before anything is sent."""
-    for flag, given in (("--session/--resume", folder), ("--soak", soak)):
+    for flag, given in (("--session/--resume", folder), ("--soak", soak), ("--watch", args.watch)):
         if given:
             raise UsageError(f"{flag} runs here; with --server the session lives on the server")
     if not args.server.startswith(("http://", "https://")):
@@ -315,6 +326,7 @@ def _run_several(args, sources, out) -> int:
     sources, folders = open_folders(args, sources, {k: parser.get_default(k) for k in SESSION_SETTINGS})
     try:
         check_args(args)
+        _check_watches(args)
         name, *path = args.model
         opened = open_sources(args, sources)
         lengths = [source.duration for _, source in opened]

@@ -31,7 +31,7 @@ from models.base import Reading
 from . import budgets
 from .clips import Cuts
 from .errors import is_user_error, one_line
-from .events import ClipSeen, Done, Dropped, Started, Token
+from .events import Alert, ClipSeen, Done, Dropped, Started, Token
 from .ingest import END, WAKE, Clip, Ingest, Reached, Telemetry, shown  # noqa: F401 (Clip, shown: the engine's words too)
 from .questions import Question, Schedule
 
@@ -98,6 +98,8 @@ class TurnEngine:
         self._failed_in_a_row = self._oom_attempts = 0
         self._floor: int | None = None
         self.log: list[dict] = []  # metas of the clips this run appended (`clip_log`)
+        self.watches = None  # the stream's watches (streaming/watches.py), judged on each clip that goes in
+        self.fired: list[dict] = []  # the alerts the newest clip fired
         self.cuts = Cuts()  # the times questions were asked at: the open clip closes there (clips.py)
         self.through = 0.0  # every frame at or before this video time is in the cache
         self.last_frame_t: float | None = None  # the newest frame in the cache
@@ -177,6 +179,7 @@ class TurnEngine:
             self.last_frame_t = clip.last
         if appended:
             self.telemetry.clips += 1
+        self.fired = self.watches.judge(self.log[-1], clip) if appended and self.watches is not None else []
         return appended
 
     def clip_log(self) -> list[dict]:
@@ -260,11 +263,14 @@ class TurnEngine:
     def relay(self, handler) -> tuple:
         """What `run` says, handed to `handler` as events (events.py): the run's callbacks (on_clip, on_token) and
         what to call with each answer it yields. Each clip is `ClipSeen` (its clip-log entry), with `Dropped` when
-        ingest dropped clips since the last; each question `Started`, `Token`s, then `Done`."""
+        ingest dropped clips since the last, and an `Alert` for each watch it fired; each question `Started`, `Token`s,
+        then `Done`."""
         said = {"dropped": self.telemetry.dropped}
 
         def on_clip(clip: Clip) -> None:
             ClipSeen(self.log[-1]).to(handler)  # called once the clip went in: its entry is the newest
+            for alert in self.fired:
+                Alert(alert).to(handler)
             if self.telemetry.dropped > said["dropped"]:
                 said["dropped"] = self.telemetry.dropped
                 Dropped(self.telemetry.dropped).to(handler)

@@ -1,7 +1,7 @@
 """What a stream says, as typed events: one family for every front end.
 
 A question's queue (`LiveSession.ask`) receives `Started`, then `Token`s, then `Done` or `Unanswered`; a stream's
-subscribers (`LiveSession.subscribe`) receive `ClipSeen` and `Dropped`. A consumer (the CLI, the server's SSE,
+subscribers (`LiveSession.subscribe`) receive `ClipSeen`, `Alert` and `Dropped`. A consumer (the CLI, the server's SSE,
 Realtime, chat completions, the app, the benchmarks) is a `Handler`: `event.to(handler)` calls the one method for
 the event's kind, so each consumer dispatches once, and a new kind of event (an alert) is one class here and one
 default method on `Handler`, never an `isinstance` ladder in the consumers. Light: nothing here loads torch.
@@ -31,6 +31,9 @@ class Handler:
         return None
 
     def on_dropped(self, event: "Dropped") -> Any:
+        return None
+
+    def on_alert(self, event: "Alert") -> Any:
         return None
 
 
@@ -98,3 +101,12 @@ class Dropped(Event):
     kind = "dropped"
     frames: int
 
+
+
+@dataclass(frozen=True)
+class Alert(Event):
+    """A watch fired on a clip (`streaming.watches.alert_record`: its id, watch, clip, evidence, description, snapshot),
+    already in the session folder when this is said."""
+
+    kind = "alert"
+    alert: dict

@@ -19,6 +19,7 @@ from .live import LiveSession
 from .memory import auto_budget
 from .open import StreamConfig, open_stream
 from .settings import BadInput, Settings, unknown_model  # noqa: F401  (their one home; products import them here too)
+from .watches import session_watches
 
 ANSWER_FIELDS = set(Answer.__dataclass_fields__)
 
@@ -86,7 +87,9 @@ class HostedSession(LiveSession):
     handed over, and a folder opened to resume continues the session after its last stored clip."""
 
     def __init__(self, host: Host, settings: Settings, make_source, label: str, answers_after_end: bool = False,
-                 folder=None):
+                 folder=None, name: str = "", watches=()):
+        """`name`: the session's id (its alerts' ids are made of it); `watches`: standing conditions in words, judged
+        on every clip (more may be added while it runs: `self.watches`)."""
         self.settings, self.folder = settings, folder
         resume_at, before = (0, 0.0), []
 
@@ -104,6 +107,14 @@ class HostedSession(LiveSession):
             if folder is not None:
                 folder.close(folder.store)
             raise BadInput(one_line(err).removeprefix("--")) from err
+        try:
+            self.watches = session_watches(name or label, watches, folder, resume_at[0])
+        except ValueError as err:
+            stream.session.close()
+            if folder is not None:
+                folder.close(folder.store)
+            raise BadInput(one_line(err)) from None
+        stream.engine.watches = self.watches
         try:
             super().__init__(stream.adapter, stream.session, make_source, label, answers_after_end=answers_after_end,
                              resume_at=resume_at, transcript=before, engine=stream.engine)

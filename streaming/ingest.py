@@ -38,6 +38,13 @@ class Clip:
     frame: np.ndarray | None = None  # its last frame, at most `SHOWN_WIDTH` wide: what the app draws the boxes on
     last: float | None = None  # its last frame's video time
     cut: bool = False  # closed early, at a question's time (`end`): it holds every frame up to its end
+    shown: tuple = ()  # (video time, frame at most `SHOWN_WIDTH` wide) of each frame: an alert's snapshot
+
+    def shown_at(self, t: float | None) -> np.ndarray | None:
+        """The clip's frame nearest video time `t` (the last with none), as small as `frame`."""
+        if t is None or not self.shown:
+            return self.frame
+        return min(self.shown, key=lambda pair: abs(pair[0] - t))[1]
 
 
 @dataclass
@@ -186,7 +193,9 @@ class Ingest:
         self.telemetry.ingest_s += spent
         self.telemetry.video_s += end - times[0]
         self.index += 1
-        self.put(Clip(self.index, times[0], end, visual, spent, shown(frames[-1]), times[-1], cut))
+        small = [shown(frame) for frame in frames]
+        self.put(Clip(self.index, times[0], end, visual, spent, small[-1], times[-1], cut,
+                      tuple(zip(map(float, times), small, strict=True))))
 
     def put(self, item, force: bool = False) -> None:
         """Queue a clip (or, `force`d, the end): never dropped, but given up once the model thread has stopped."""

@@ -1,11 +1,13 @@
 """What `stream-qa` writes as a stream goes: a clip's progress line (stderr), a clip's record line (--json --clips),
-and an answer's record line (--json) or the line after its streamed text."""
+an alert's line (or its record with --json), and an answer's record line (--json) or the line after its streamed
+text."""
 
 import json
 import sys
 
-from .events import ClipSeen, Done, Handler, Started, Token
+from .events import Alert, ClipSeen, Done, Handler, Started, Token
 from .provenance import notes
+from .watches import alert_line
 
 
 def clip_record(meta: dict) -> dict:
@@ -57,6 +59,10 @@ class Printed(Handler):
             print_clip(self.out, event.clip)
         if self.folder is not None:
             self.folder.write_clip(event.clip)
+
+    def on_alert(self, event: Alert) -> None:  # in the folder already (`Watches.judge`)
+        self.out.write((json.dumps(event.alert) if self.args.json else alert_line(event.alert)) + "\n")
+        self.out.flush()
 
     def on_started(self, event: Started) -> None:
         if not self.args.json:

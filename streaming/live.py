@@ -8,6 +8,7 @@ Memory is sampled after every turn for the graphs and telemetry; `close()` ends 
 the cache's room in its pool.
 """
 
+import contextlib
 import queue
 import threading
 import time
@@ -16,7 +17,7 @@ import psutil
 import torch
 
 from .engine import Answer, TurnEngine
-from .events import ClipSeen, Done, Dropped, Started, Token, Unanswered
+from .events import Alert, ClipSeen, Done, Dropped, Started, Token, Unanswered
 from .questions import Question, Schedule
 
 
@@ -154,6 +155,8 @@ class LiveSession:
         self._sample(clip.end, "clip")
         if self.subscribers:
             self._tell(ClipSeen(self.engine.log[-1]))  # called once the clip went in: its entry is the newest
+            for alert in self.engine.fired:
+                self._tell(Alert(alert))
             dropped = self.engine.telemetry.dropped
             if dropped > self._dropped:
                 self._dropped = dropped
@@ -203,10 +206,15 @@ class LiveSession:
 
     def subscribe(self, out=None):
         """`out` (anything with `put`; a new queue.Queue by default) receives the stream's own events from now on:
-        each clip seen, frames dropped."""
+        each clip seen, the alerts its watches fired, frames dropped."""
         out = queue.Queue() if out is None else out
         self.subscribers.append(out)
         return out
+
+    def unsubscribe(self, out) -> None:
+        """`out` receives nothing more."""
+        with contextlib.suppress(ValueError):
+            self.subscribers.remove(out)
 
     @property
     def in_flight(self) -> int:

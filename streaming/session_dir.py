@@ -3,7 +3,9 @@
 DIR/session.json holds the settings the session was started with (source, model, policy, budget,
 sampling), written once; DIR/store/ is the span store (every clip turn, written through as it
 arrives); DIR/transcript.jsonl gets one JSON line per answer, written and fsynced before the answer
-is printed, so a crash loses nothing already answered. Resuming reopens the store (files whose
+is printed, so a crash loses nothing already answered; clips.jsonl the clip log; watches.json the
+stream's watches, alerts.jsonl every alert they fired (fsynced before it is said) and alerts/ their
+snapshots. Resuming reopens the store (files whose
 checksum fails are dropped), rebuilds the cache from its newest turns, and continues the video after
 the last stored clip: questions about clips from before the restart are answered by recall.
 
@@ -27,6 +29,7 @@ from .errors import ConfigError
 from .questions import Question
 
 SETTINGS, TRANSCRIPT, STORE, CLIPS = "session.json", "transcript.jsonl", "store", "clips.jsonl"
+ALERTS, WATCHES = "alerts.jsonl", "watches.json"
 _NUMBER, _TEXT = (int, float), (str,)
 # what each setting must be when read back (a hand-edited "fps": "2" is refused before the model loads)
 TYPES = {"video": _TEXT + (type(None),), "webcam": (int, type(None)), "url": _TEXT + (type(None),), "fps": _NUMBER,
@@ -51,8 +54,9 @@ class SessionDir:
             raise ConfigError(f"--session {path}: a session is already there; continue it with --resume {path}")
         self._transcript = diskio.AppendLog(self.path / TRANSCRIPT)
         self._clips = diskio.AppendLog(self.path / CLIPS)
+        self._alerts = diskio.AppendLog(self.path / ALERTS)
         self._lock = diskio.FolderLock(self.path)
-        self.saving = {"settings": not resume, "transcript": True, "clips": True}
+        self.saving = {"settings": not resume, "transcript": True, "clips": True, "alerts": True}
         try:
             diskio.make_folder(self.path)
             writable = self._lock.acquire()
@@ -162,9 +166,26 @@ class SessionDir:
         last = clips[-1]
         return int(last["clip"]), float(last.get("end", last.get("start", 0.0)))
 
+    @property
+    def alerts_path(self) -> Path:
+        """Where the alerts' snapshots go."""
+        return self.path / "alerts"
+
     def answered(self) -> list[dict]:
         """The answers already in the transcript (a line cut short by a crash is skipped)."""
-        path = self.path / TRANSCRIPT
+        return self._rows(TRANSCRIPT)
+
+    def clips(self) -> list[dict]:
+        """The clip log as clips.jsonl holds it."""
+        return self._rows(CLIPS)
+
+    def alerts(self) -> list[dict]:
+        """The alerts already fired (alerts.jsonl), in order."""
+        return self._rows(ALERTS)
+
+    def _rows(self, name: str) -> list[dict]:
+        """The whole JSON lines of one of the folder's logs (a line cut short by a crash is skipped)."""
+        path = self.path / name
         rows = []
         for line in path.read_bytes().split(b"\n") if path.exists() else []:
             try:
@@ -205,31 +226,59 @@ class SessionDir:
         except OSError as err:
             self._stop("transcript", err)
 
+    def watches(self) -> list[dict]:
+        """The watches kept (`streaming.watches.Watcher.as_dict` rows); none when there are none or they cannot be
+        read."""
+        try:
+            rows = json.loads((self.path / WATCHES).read_text())
+        except (OSError, ValueError):
+            return []
+        return rows if isinstance(rows, list) else []
+
+    def save_watches(self, rows: list[dict]) -> None:
+        """The stream's watches, replaced whole (atomically) whenever they change."""
+        if not self.saving["alerts"]:
+            return
+        try:
+            diskio.write_atomic(self.path / WATCHES, json.dumps(rows, indent=1).encode())
+        except OSError as err:
+            self._stop("alerts", err)
+
+    def write_alert(self, alert: dict) -> None:
+        """An alert's record as one JSON line in alerts.jsonl, on disk before any front end hears of it."""
+        self._append("alerts", self._alerts, alert)
+
     def write_clip(self, meta: dict) -> None:
         """A clip's log entry (times, words, the detector's objects and boxes) as one JSON line in clips.jsonl: what
         the clip log held, whatever the policy (with recall the span store keeps it too)."""
-        if not self.saving["clips"]:
+        self._append("clips", self._clips, meta)
+
+    def _append(self, what: str, log, row: dict) -> None:
+        if not self.saving[what]:
             return
         try:
-            self._clips.append((json.dumps(meta) + "\n").encode())
+            log.append((json.dumps(row) + "\n").encode())
         except OSError as err:
-            self._stop("clips", err)
+            self._stop(what, err)
 
     def _stop(self, what: str, err: OSError) -> None:
         """One warning for what stops being saved; a full disk stops both logs at once (one warning, not two)."""
-        logs = ("transcript", "clips") if err.errno == errno.ENOSPC else (what,)
+        full = ("transcript", "clips") + (("alerts",) if self._alerts.fd is not None or what == "alerts" else ())
+        logs = full if err.errno == errno.ENOSPC else (what,)  # alerts.jsonl: once one was written
         stopping = [log for log in logs if self.saving[log]]
         for log in stopping:
             self.saving[log] = False
-        names = " and ".join({"transcript": TRANSCRIPT, "clips": CLIPS}[log] for log in stopping)
+        names = " and ".join({"transcript": TRANSCRIPT, "clips": CLIPS, "alerts": ALERTS}[log] for log in stopping)
         lost = ("answers from now on are printed but not saved" if "transcript" in stopping
-                else "clips' detections from now on are not saved")
+                else "clips' detections from now on are not saved" if "clips" in stopping
+                else "alerts from now on are printed but not saved")
         self.warn(f"session {self.path}: {names} cannot be written ({diskio.why(err)}); {lost}")
 
     def close(self, store=None) -> None:
         """Release the folder (and its store's lock) for the next writer."""
         self._transcript.close()
         self._clips.close()
+        self._alerts.close()
         if store is not None:
             store.close()
         self._lock.release()

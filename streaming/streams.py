@@ -19,12 +19,13 @@ from pathlib import Path
 
 from .budgets import compiles_decode
 from .errors import EXIT_BAD_INPUT, ConfigError, UsageError, is_user_error
-from .events import ClipSeen, Done, Handler
+from .events import Alert, ClipSeen, Done, Handler
 from .lines import clip_line, clip_record
 from .memory import MB, auto_budget
 from .provenance import notes
 from .session_dir import SETTINGS, SessionDir
 from .settings import settings_of
+from .watches import alert_line, watching
 
 SOURCE_KEYS = ("video", "webcam", "url")
 
@@ -158,6 +159,7 @@ def _open_stream(args, pool, config, i, label, source, folder, adapter, question
         print(f"stream-qa: stream {i} ({label}): {line}", file=sys.stderr)
     elif folder is not None:
         folder.save_settings(settings[i - 1])
+    stream.engine.watches = watching(args, label, folder, stream.engine.resume_at[0])
     return i, label, stream.engine, stream.session, source, Schedule(asked), folder
 
 
@@ -188,6 +190,13 @@ class Tagged(Handler):
                 self.folder.write_clip(event.clip)
             if self.args.json and getattr(self.args, "clips", False):
                 self.out.write(json.dumps({"stream": self.i, "input": self.label, **clip_record(event.clip)}) + "\n")
+
+    def on_alert(self, event: Alert) -> None:
+        with self.lock:
+            said = json.dumps({"stream": self.i, "input": self.label} | event.alert) if self.args.json else \
+                f"{self.tag} {alert_line(event.alert)}"
+            self.out.write(said + "\n")
+            self.out.flush()
 
     def on_done(self, event: Done) -> None:
         answer, tag = event.answer, self.tag

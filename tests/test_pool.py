@@ -285,3 +285,33 @@ def test_a_stream_that_would_not_fit_is_refused_in_one_line(smol):
             slotted.open("inf_mllm", budget=128, headroom=32)
     finally:
         slotted.close()
+
+
+class Dying(BaseException):
+    """What no stream's handling takes (a process dying, SystemExit): not an Exception."""
+
+
+def test_what_ends_the_pools_thread_reaches_every_caller_instead_of_a_wait_for_ever(smol):
+    """A BaseException in a round (the session-fault tests' simulated crash inside a store write hung CI for an hour:
+    the pool's thread died and its caller waited on its future) is raised in the waiting caller's thread, and the
+    pool refuses work after it in one line."""
+    model, tok = smol
+    pool = SessionPool(model, tok)
+    try:
+        stream = pool.open("inf_mllm", budget=256)
+        stream.append(turns(1, count=1)[0])
+        layer = stream.cache.layers[2]
+
+        def dying(*args, **kwargs):
+            raise Dying()
+
+        layer.update = dying
+        raised, ids = [], tok("Why?", return_tensors="pt").input_ids
+        asking = threading.Thread(target=lambda: raised.append(pytest.raises(Dying, stream.append_question, ids)))
+        asking.start()
+        asking.join(timeout=120)
+        assert not asking.is_alive() and raised  # raised where it was asked, not waited for
+        with pytest.raises(RuntimeError, match="the session pool is closed"):
+            stream.append(turns(2, count=1)[0])
+    finally:
+        pool.close()

@@ -24,7 +24,7 @@ from PIL import Image
 
 from streaming.remote import encoded
 
-from . import edges, hostile
+from . import edges, hostile, watches
 from .media import clip, write_video
 
 TOKEN = "reliability-token"
@@ -314,6 +314,7 @@ ROWS = [
 ]
 ROWS += hostile.rows(Row, _pushed_then)
 ROWS += edges.rows(Row)
+ROWS += watches.rows(Row)
 
 
 def judge(row: Row, result) -> dict:

@@ -240,7 +240,9 @@ class TinyVLM(TinyTurns, VideoAdapter):
         """`encode_clip`'s embeddings with the words of its labels as data (`encoded`)."""
         visual, probs = self.encode_parts(frames)
         labels, objects = self.perceiver.see(frames, probs, detect=self.detect)
-        return self.encoded(visual, labels, objects.meta(timestamps) if objects is not None else {})
+        encoded = self.encoded(visual, labels, objects.meta(timestamps) if objects is not None else {})
+        encoded.frame_boxes = objects.frame_boxes(timestamps) if objects is not None else ()
+        return encoded
 
     def encoded(self, visual: torch.Tensor, labels: Sequence[int], meta: dict | None = None) -> EncodedClip:
         """A clip's turn embeddings (`clip_embeddings`) and, in "text" label mode, `seen`: the words of every label

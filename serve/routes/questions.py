@@ -8,7 +8,6 @@ frame's time), a pulled file or URL at the time it has played to. A pushed-frame
 yet refuses it at once (409): there is nothing to answer about, and nothing it would wait for."""
 
 import asyncio
-import json
 
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
@@ -16,6 +15,7 @@ from fastapi.responses import StreamingResponse
 from streaming.events import Done, Handler, Started, Token, Unanswered
 
 from ..context import AUTHORISED, SERVER, Server
+from ..events import sse
 from ..schema import AskRequest
 from ..sessions import Refused
 
@@ -61,10 +61,6 @@ class _ToLoop:
 
     def put(self, item) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-
-
-def sse(event: str, data) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 class Answering:

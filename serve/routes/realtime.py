@@ -6,7 +6,7 @@ a bounded session and asks about it.
   `session.created` gives its id.
 - `session.update`: `instructions` kept and echoed (tiny-vlm answers with the system prompt it was trained with);
   `max_output_tokens`, `model`, and the extension key `stream_qa`'s session settings, changed only before the
-  session's first frame (it is reopened with them).
+  session's first frame (it is reopened with them); `stream_qa.watches`, at any time: answers unasked when one fires.
 - `conversation.item.create`, a user message: `input_image` parts (JPEG/PNG `data:` URLs) are frames at their
   extension field `t` (seconds), else at their arrival time but at least one frame interval (the session's fps)
   after the frame before (a burst is spaced at the session's rate); `input_text` parts are the question.
@@ -37,6 +37,7 @@ from ..sessions import Refused
 from . import realtime_events as events
 from .media import decode_image, push
 from .questions import Answering, admit
+from .realtime_alerts import Proactive, split_watches
 from .realtime_events import BadEvent
 
 router = APIRouter()
@@ -56,6 +57,8 @@ class Connection:
         self.answering: asyncio.Task | None = None
         self.leaving, self.closed = False, asyncio.Event()  # its session being closed; closed
         self._send = asyncio.Lock()
+        self.responding = asyncio.Lock()  # one response.* sequence at a time: an answer's, or an alert's
+        self.proactive = Proactive(self)  # the session's watches, and what they make it say unasked
 
     # --- the wire -------------------------------------------------------------------------------
 
@@ -86,6 +89,7 @@ class Connection:
         finally:
             metrics.realtime_connections.dec()
             self.leaving = True
+            self.proactive.detach()
             if self.answering is not None:
                 self.answering.cancel()
             if self.hosted is not None:  # closed, its folder kept: `?session=ID` continues it
@@ -121,6 +125,7 @@ class Connection:
     async def open(self, settings: Settings) -> None:
         self.hosted = await run_in_threadpool(self.srv.sessions.open, settings, None)
         self.srv.realtime[self.hosted.id] = self
+        self.proactive.attach(self.hosted)
         if self.srv.held is not None:  # behind Ray Serve: the router learns which replica holds it
             await self.srv.held(self.hosted.id)
 
@@ -140,6 +145,7 @@ class Connection:
             raise Refused(409, f"this session runs {hosted.live.settings.model}, not {model}")
         self.srv.realtime[hosted.id] = self
         self.hosted, self.stored_clips = hosted, hosted.live.engine.resume_at[0]
+        self.proactive.attach(hosted)
 
     def described(self) -> dict:
         """The session as OpenAI describes one, with its `stream_qa` settings and state."""
@@ -150,7 +156,8 @@ class Connection:
                 "max_output_tokens": settings.max_new_tokens,
                 "stream_qa": settings.as_dict() | {"budget_tokens": live.budget_tokens,
                                                   "video_t": round(live.engine.video_t, 3),
-                                                  "stored_clips": self.stored_clips}}
+                                                  "stored_clips": self.stored_clips,
+                                                  "watches": [w["text"] for w in live.watches.listing()]}}
 
     async def serve_events(self) -> None:
         """Events until the client leaves or stays idle past `idle_s` (an answer streaming is not idle), or the
@@ -211,10 +218,14 @@ class Connection:
     # --- session.update --------------------------------------------------------------------------
 
     async def session_update(self, event: dict) -> None:
-        settings, instructions = events.read_session(event.get("session"), self.hosted.live.settings, self.instructions,
-                                                       self.srv.host.models)
+        session, watches = split_watches(event.get("session"))
+        settings, instructions = events.read_session(session, self.hosted.live.settings, self.instructions,
+                                                     self.srv.host.models)
         if settings != self.hosted.live.settings:
             await self.reopen(settings)
+            watches = self.proactive.texts if watches is None else watches  # the reopened session keeps them
+        if watches is not None:
+            await self.proactive.set(watches, self.hosted)
         self.instructions = instructions
         await self.send("session.updated", session=self.described())
 
@@ -320,7 +331,7 @@ class Connection:
         self.answering = asyncio.create_task(self.stream(answering))
         self.answering.add_done_callback(_quiet)
 
-    async def stream(self, answering: Answering) -> None:
+    async def _stream(self, answering: Answering) -> None:
         """The answer as OpenAI streams text: created, the item and its part added, deltas, then each done."""
         rid, iid = events.new_id("resp"), events.new_id("item")
         where = {"response_id": rid, "item_id": iid, "output_index": 0, "content_index": 0}
@@ -338,6 +349,10 @@ class Connection:
             await event.to(told)
             if event.final:
                 return
+
+    async def stream(self, answering: Answering) -> None:
+        async with self.responding:  # an alert's sequence waits for the answer's end
+            await self._stream(answering)
 
     async def finish(self, record: dict, pieces: int, where: dict, item: dict, response: dict) -> None:
         text = record["answer"]

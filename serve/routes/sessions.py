@@ -13,9 +13,10 @@ router = APIRouter(prefix="/v1/sessions", dependencies=AUTHORISED)
 
 @router.post("", status_code=201)
 async def open_session(req: OpenRequest, srv: Server = SERVER):
-    settings = Settings(**req.model_dump(exclude={"source"}))
+    settings = Settings(**req.model_dump(exclude={"source", "watches"}))
     srv.host.check(req.model)  # BadInput: a 400 (errors.py)
-    hosted = await run_in_threadpool(srv.sessions.open, settings, req.source.model_dump() if req.source else None)
+    hosted = await run_in_threadpool(srv.sessions.open, settings, req.source.model_dump() if req.source else None,
+                                     req.watches)
     if srv.held is not None:
         await srv.held(hosted.id)
     return srv.state(hosted)

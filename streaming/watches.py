@@ -1,0 +1,267 @@
+"""The watches of one stream: each one's state over the clips, and the alerts they fire.
+
+A watch (`models/watch.py`) says whether one clip shows its condition; here that becomes an alert on the rising edge
+(false → true), once per event: after firing, a watch re-arms only when its condition has been false for
+`rearm_clips` clips in a row and `cooldown_s` of video has passed, so a person missed by the detector in one clip and
+found in the next is not a second arrival. A watch on something leaving arms once the thing has been seen for
+`rearm_clips` clips, and fires on the first clip without it. `@once` ends a watch when it fires.
+
+An alert is a record (`alert_record`): a stable id (the session, the watch and the clip: a resumed session that judges
+a clip again gives it the same id), the watch, the clip and its span, the wall time, the evidence (each thing's count
+and the frame it was counted in), a one-line description and where it came from, and a JPEG of the clip's last frame
+with the detector's boxes. `Watches.judge` writes it to the session folder (`alerts.jsonl`, fsynced) before any
+front end hears of it; a resumed session replays its stored clips through the watches (`replay`), so each is in the
+state it was in when the stream stopped and nothing fires twice for one event.
+"""
+
+import contextlib
+import datetime
+import hashlib
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from models.watch import Watch, description, judge, provenance, read_watch
+
+REARM_CLIPS = 2  # clips in a row without the condition before a watch can fire again
+COOLDOWN_S = 30.0  # video seconds after an alert before the same watch can fire again
+MAX_WATCHES = 64  # on one stream: each is judged on every clip
+
+
+@dataclass
+class Watcher:
+    """One watch's state on one stream."""
+
+    watch: Watch
+    index: int  # its id among the stream's watches, never reused (part of its alerts' ids)
+    rearm_clips: int = REARM_CLIPS
+    cooldown_s: float = COOLDOWN_S
+    since: int = 0  # the clips the stream had seen when the watch was set: it judges those after them
+    armed: bool = True
+    calm: int = 0  # clips in a row without the condition, since the last alert (or, leaving, with the thing)
+    fired_t: float | None = None  # the video time of its last alert
+    done: bool = False  # an `@once` watch that fired
+    alerts: int = 0
+
+    def __post_init__(self):
+        self.armed = not self.watch.leaves  # a thing can only leave once it has been seen
+
+    def step(self, meta: dict) -> dict | None:
+        """The clip's evidence when the watch fires on it, else None."""
+        holds, evidence = judge(self.watch, meta)
+        signal = not holds if self.watch.leaves else holds
+        if not signal:
+            self.calm += 1
+            self.armed = self.armed or self.calm >= self.rearm_clips
+            return None
+        self.calm = 0
+        cooled = self.fired_t is None or meta["start"] >= self.fired_t + self.cooldown_s
+        if self.done or not self.armed or not cooled:
+            return None
+        self.armed, self.fired_t, self.done, self.alerts = False, meta["end"], self.watch.once, self.alerts + 1
+        return evidence
+
+    def fired(self, alert: dict) -> None:
+        """An alert stored past the clips replayed (written just before a stop): the watch is as that alert left it."""
+        self.armed, self.calm, self.fired_t, self.done = False, 0, float(alert["end"]), self.watch.once
+
+    def as_dict(self) -> dict:
+        """What a session folder keeps of the watch (`Watches.restore` makes it again) and the API shows."""
+        return {"id": self.index, "text": self.watch.text + (" @once" if self.watch.once else ""),
+                "watching": self.watch.describe(), "judged_by": self.watch.judged_by, "once": self.watch.once,
+                "rearm_clips": self.rearm_clips, "cooldown_s": self.cooldown_s, "since": self.since,
+                "alerts": self.alerts, "armed": self.armed and not self.done}
+
+
+def watcher(text: str, index: int, rearm_clips: int = REARM_CLIPS, cooldown_s: float = COOLDOWN_S,
+            since: int = 0) -> Watcher:
+    """A watcher for a watch given in words; ValueError (one line) for one that cannot be watched."""
+    watch = read_watch(text)
+    if watch.judged_by == "model":
+        raise ValueError(f"watch {watch.text[:60]!r} names nothing the object detector counts (a person, a car, a "
+                         f"dog, a bicycle …); watches the model judges are not built yet")
+    return Watcher(watch, index, rearm_clips, cooldown_s, since)
+
+
+def read_watches(texts, rearm_clips: int = REARM_CLIPS, cooldown_s: float = COOLDOWN_S) -> list[Watcher]:
+    """The stream's watchers for the watches given in words (ValueError: the first that cannot be watched)."""
+    texts = list(texts or [])
+    if len(texts) > MAX_WATCHES:
+        raise ValueError(f"at most {MAX_WATCHES} watches on a stream (got {len(texts)})")
+    return [watcher(text, i, rearm_clips, cooldown_s) for i, text in enumerate(texts)]
+
+
+def alert_id(session: str, watcher_: Watcher, clip: int) -> str:
+    return hashlib.sha1(f"{session}\0{watcher_.index}\0{watcher_.watch.text}\0{clip}".encode()).hexdigest()[:16]
+
+
+def alert_record(session: str, watcher_: Watcher, meta: dict, evidence: dict) -> dict:
+    watch = watcher_.watch
+    return {"id": alert_id(session, watcher_, meta["clip"]), "alert": watch.text, "watch_id": watcher_.index,
+            "watch": watch.describe(), "session": session, "clip": meta["clip"], "start": meta["start"],
+            "end": meta["end"], "video_t": meta["end"],
+            "wall_time": datetime.datetime.now(datetime.timezone.utc).isoformat(), "evidence": evidence,
+            "description": description(watch, evidence), "provenance": provenance(meta, evidence, watch.leaves),
+            "snapshot": None, "snapshot_t": None}
+
+
+class Watches:
+    """A stream's watchers and where their alerts go: the session `folder` (a `SessionDir`: alerts.jsonl, the
+    watches in watches.json, the snapshots in alerts/), or a `snapshots` folder of its own; with neither, alerts
+    carry no snapshot. Watches are added and removed from other threads (the server's) while the model thread
+    judges clips: one lock."""
+
+    def __init__(self, watchers: list[Watcher], session: str, folder=None, snapshots: str | Path | None = None):
+        self.watchers, self.session, self.folder = list(watchers), session, folder
+        self.snapshots = Path(snapshots) if snapshots else (folder.alerts_path if folder is not None else None)
+        self.alerts: list[dict] = []  # every alert of this run, in order
+        self.clip = 0  # the newest clip judged
+        self.lock = threading.Lock()
+
+    @classmethod
+    def restore(cls, rows: list[dict], session: str, folder=None, snapshots=None) -> "Watches":
+        """The watches a session folder kept (`Watcher.as_dict` rows); a row that no longer reads is skipped."""
+        watchers = []
+        for row in rows:
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                watchers.append(watcher(row["text"], int(row["id"]), int(row["rearm_clips"]),
+                                        float(row["cooldown_s"]), int(row.get("since", 0))))
+        return cls(watchers, session, folder, snapshots)
+
+    def add(self, text: str, rearm_clips: int = REARM_CLIPS, cooldown_s: float = COOLDOWN_S) -> Watcher:
+        """A new watch, judged from the next clip on (ValueError: one that cannot be watched, or one too many)."""
+        with self.lock:
+            if len(self.watchers) >= MAX_WATCHES:
+                raise ValueError(f"at most {MAX_WATCHES} watches on a stream; remove one first")
+            added = watcher(text, max((w.index for w in self.watchers), default=-1) + 1, rearm_clips, cooldown_s,
+                            self.clip)
+            self.watchers.append(added)
+            self.save()
+            return added
+
+    def remove(self, index: int) -> Watcher | None:
+        with self.lock:
+            gone = next((w for w in self.watchers if w.index == index), None)
+            if gone is not None:
+                self.watchers.remove(gone)
+                self.save()
+            return gone
+
+    def listing(self) -> list[dict]:
+        with self.lock:
+            return [w.as_dict() for w in self.watchers]
+
+    def save(self) -> None:
+        """The watches into the session folder, so a resumed session continues them."""
+        if self.folder is not None:
+            self.folder.save_watches([w.as_dict() for w in self.watchers])
+
+    def judge(self, meta: dict, clip=None) -> list[dict]:
+        """The alerts the clip (its clip-log entry, and the `ingest.Clip` whose frames the snapshots show) fires, each
+        written to the session folder first."""
+        fired = []
+        with self.lock:
+            self.clip = max(self.clip, meta["clip"])
+            for watcher_ in self.watchers:
+                evidence = watcher_.step(meta)
+                if evidence is None:
+                    continue
+                alert_ = alert_record(self.session, watcher_, meta, evidence)
+                alert_["snapshot"], alert_["snapshot_t"] = self._snapshot(alert_["id"], clip, meta, evidence)
+                if self.folder is not None:
+                    self.folder.write_alert(alert_)
+                fired.append(alert_)
+            self.alerts += fired
+        return fired
+
+    def replay(self, clips: list[dict], stored: list[dict]) -> None:
+        """A resumed session: the stored clips each watch had judged, judged again without alerting; then the alerts
+        stored past them."""
+        with self.lock:
+            for meta in clips:
+                self.clip = max(self.clip, meta["clip"])
+                for watcher_ in self.watchers:
+                    if meta["clip"] > watcher_.since:
+                        watcher_.step(meta)
+            by_id = {w.index: w for w in self.watchers}
+            for alert_ in stored:
+                if alert_.get("clip", 0) > self.clip and alert_.get("watch_id") in by_id:
+                    by_id[alert_["watch_id"]].fired(alert_)
+
+    def _snapshot(self, name: str, clip, meta: dict, evidence: dict) -> tuple[str | None, float | None]:
+        """The frame the evidence was counted in (the clip's last, for something that left), with that frame's boxes,
+        as DIR/NAME.jpg, and its video time; (None, None) with nowhere to write or no frame."""
+        if self.snapshots is None or clip is None or clip.frame is None:
+            return None, None
+        from inf_mllm import diskio
+
+        from .snapshot import jpeg  # lazy: OpenCV
+
+        t = next((e["frame_t"] for e in evidence.values() if "frame_t" in e), None)
+        framed = dict(getattr(clip.encoded, "frame_boxes", ()))
+        boxes = framed[min(framed, key=lambda u: abs(u - t))] if t is not None and framed else meta.get("boxes", ())
+        path = self.snapshots / f"{name}.jpg"
+        try:
+            diskio.make_folder(self.snapshots)
+            diskio.write_atomic(path, jpeg(clip.shown_at(t), boxes))
+        except OSError:
+            return None, None  # the alert still goes out without its picture
+        shown = min(clip.shown, key=lambda pair: abs(pair[0] - t))[0] if t is not None and clip.shown else clip.last
+        return str(path), shown
+
+
+def alert_line(alert_: dict) -> str:
+    """`stream-qa`'s line for an alert."""
+    return (f"[{alert_['video_t']:7.1f}s] ALERT {alert_['alert']}: {alert_['description']}   "
+            f"(clip {alert_['clip']}; {alert_['provenance']})")
+
+
+def add_watch_options(parser) -> None:
+    """`stream-qa`'s watch options."""
+    w = parser.add_argument_group("watches (standing conditions judged on every clip; an alert when one comes true)")
+    w.add_argument("--watch", action="append", default=[], metavar="TEXT",
+                   help='what to watch for, in plain words ("a person", "more than 2 cars", "the car leaves"; '
+                        '"… @once": only the first time); may be repeated')
+    w.add_argument("--watch-cooldown", type=float, default=COOLDOWN_S, metavar="S",
+                   help=f"video seconds after an alert before the same watch fires again (default {COOLDOWN_S:g})")
+    w.add_argument("--watch-rearm", type=int, default=REARM_CLIPS, metavar="N",
+                   help=f"clips in a row without the condition before a watch fires again (default {REARM_CLIPS})")
+    w.add_argument("--snapshots", metavar="DIR",
+                   help="write each alert's frame as DIR/ID.jpg (default: the session folder's alerts/, else none)")
+
+
+def check_watches(args) -> list[Watcher]:
+    """The run's watches, read before the model loads; ValueError in one line naming the option."""
+    if args.watch_cooldown < 0 or args.watch_cooldown != args.watch_cooldown:
+        raise ValueError(f"--watch-cooldown must be a number of seconds ≥ 0, got {args.watch_cooldown}")
+    if args.watch_rearm < 1:
+        raise ValueError(f"--watch-rearm must be a whole number ≥ 1, got {args.watch_rearm}")
+    try:
+        return read_watches(args.watch, args.watch_rearm, args.watch_cooldown)
+    except ValueError as err:
+        raise ValueError(f"--watch: {err}") from None
+
+
+def session_watches(name: str, texts=(), folder=None, through: int = 0, rearm_clips: int = REARM_CLIPS,
+                    cooldown_s: float = COOLDOWN_S, snapshots=None) -> Watches:
+    """A stream's watches, named `name` (its session folder's name, or its id: stable across a resume). A resumed
+    folder's watches go on, its clips up to `through` (the last its store holds: the stream goes on after it) and its
+    alerts replayed into them; a watch of `texts` they lack is added (ValueError: one that cannot be watched)."""
+    resumed = folder is not None and folder.resume
+    watches = Watches.restore(folder.watches() if resumed else [], name, folder, snapshots)
+    if resumed:
+        watches.replay([m for m in folder.clips() if m.get("clip", 0) <= through], folder.alerts())
+    known = {w.watch.text + (" @once" if w.watch.once else "") for w in watches.watchers}
+    for text in texts:
+        if " ".join(text.split()) not in known:
+            watches.add(text, rearm_clips, cooldown_s)
+    return watches
+
+
+def watching(args, label: str, folder=None, through: int = 0) -> Watches | None:
+    """`stream-qa`'s watches for one stream (None without any): `session_watches` of its options, named by its
+    session folder or its source."""
+    check_watches(args)
+    watches = session_watches(folder.path.name if folder is not None else label, args.watch, folder, through,
+                              args.watch_rearm, args.watch_cooldown, getattr(args, "snapshots", None))
+    return watches if watches.watchers else None
