@@ -204,8 +204,8 @@ class Watches:
         try:
             diskio.make_folder(self.snapshots)
             diskio.write_atomic(path, jpeg(clip.shown_at(t), boxes))
-        except OSError:
-            return None, None  # the alert still goes out without its picture
+        except Exception:  # noqa: BLE001 (a disk fault, a frame OpenCV cannot encode: the alert goes out without it)
+            return None, None
         shown = min(clip.shown, key=lambda pair: abs(pair[0] - t))[0] if t is not None and clip.shown else clip.last
         return str(path), shown
 

@@ -104,10 +104,11 @@ def test_every_command_of_the_readme_runs_verbatim(tmp_path):
     finally:
         if server is not None:
             server.stop()
-    demo, own = outputs[0], outputs[1]
+    demo, own, watch = outputs[0], outputs[1], outputs[2]
     assert demo.count(" A: ") == 7 and own.count(" A: ") >= 2
-    assert '"answer":' in outputs[2] and '"video_t":0.0' in outputs[2]  # the pushed frame, asked about after it
-    assert outputs[3].strip().split()[-1] == "9.0"  # OpenAI's client: the answer about the last of the 10 frames
+    assert "ALERT a person: a person   (clip 2;" in watch and "ALERT the car leaves" in watch  # as the README shows
+    assert '"answer":' in outputs[3] and '"video_t":0.0' in outputs[3]  # the pushed frame, asked about after it
+    assert outputs[4].strip().split()[-1] == "9.0"  # OpenAI's client: the answer about the last of the 10 frames
 
 
 if __name__ == "__main__":
