@@ -11,11 +11,13 @@ large an upload, 415 a wrong content type, 422 a field out of range, 429 (with R
 
 import asyncio
 import contextlib
+import sys
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from streaming.hosted import Host
+from streaming.webhooks import Webhooks
 
 from . import docs, errors
 from .context import Server
@@ -35,6 +37,10 @@ def create_app(config: ServerConfig | None = None, held=None, host: Host | None 
     host.limit_streams(config.max_sessions)  # one cap: the pool admits what the server's count does
     metrics = Metrics()
     srv = Server(config, Sessions(config, host, metrics), metrics, held)
+    hooks = Webhooks(config.webhooks, config.url_policy, warn=_warning) if config.webhooks else None
+    if hooks is not None:
+        srv.sessions.events.add(hooks)
+        metrics.webhooks = hooks.counts
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -44,6 +50,8 @@ def create_app(config: ServerConfig | None = None, held=None, host: Host | None 
         yield
         sweeper.cancel()
         await run_in_threadpool(srv.sessions.close_all)
+        if hooks is not None:
+            await run_in_threadpool(hooks.close)
 
     app = FastAPI(title="stream-qa server", lifespan=lifespan, version="1", docs_url=None, redoc_url=None,
                   description="Questions about live video, answered from a bounded KV cache (Inf-MLLM).")
@@ -55,6 +63,10 @@ def create_app(config: ServerConfig | None = None, held=None, host: Host | None 
     for router in ROUTERS:
         app.include_router(router)
     return app
+
+
+def _warning(text: str) -> None:
+    print(f"warning: {text}", file=sys.stderr, flush=True)
 
 
 async def _sweep(srv: Server) -> None:

@@ -27,6 +27,10 @@ class Metrics:
         self.alerts = Counter("stream_qa_alerts", "Alerts fired by sessions' watches", registry=r)
         self.events_dropped = Counter("stream_qa_events_dropped", "Session events an SSE receiver was too far behind "
                                       "to be given", registry=r)
+        self.webhook_gauge = Gauge("stream_qa_webhook_alerts", "Alerts by what became of their webhook POSTs "
+                                   "(delivered, retried attempts, failed, dropped: the queue was full)", ["outcome"],
+                                   registry=r)
+        self.webhooks: dict = {}  # the server's webhooks' counts (streaming.webhooks.Webhooks.counts)
         self.refused = Counter("stream_qa_refused", "Requests refused with 429", ["reason"], registry=r)
 
     def answered(self, answer, telemetry: dict) -> None:
@@ -38,6 +42,8 @@ class Metrics:
     def render(self, sessions) -> bytes:
         """The text exposition, session gauges read now."""
         self.sessions.set(len(sessions))
+        for outcome, n in self.webhooks.items():
+            self.webhook_gauge.labels(outcome).set(n)
         self.kv_bytes.clear()
         for hosted in sessions:
             live = hosted.live.session

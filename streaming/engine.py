@@ -34,6 +34,7 @@ from .errors import is_user_error, one_line
 from .events import Alert, ClipSeen, Done, Dropped, Started, Token
 from .ingest import END, WAKE, Clip, Ingest, Reached, Telemetry, shown  # noqa: F401 (Clip, shown: the engine's words too)
 from .questions import Question, Schedule
+from .watches import alert_answer
 
 
 @dataclass
@@ -307,7 +308,8 @@ class TurnEngine:
             on_token(question, None)  # announces the question before its first token
         t0 = time.perf_counter()
         reading = self.read(question)
-        direct = reading.direct
+        told = alert_answer(question.text, self.watches.alerts) if self.watches is not None else None
+        direct, why = (told, "the alert log") if told is not None else (reading.direct, reading.resolution.why)
         pieces, first, recalled = [], None, []
         if direct is not None:
             pieces, first = [direct], time.perf_counter()
@@ -335,6 +337,6 @@ class TurnEngine:
             video_t=self.asked_t, question=question.text, answer="".join(pieces).strip(), ttft_s=first - t0,
             tokens_per_s=self.session.last.tokens_per_s if direct is None else 0.0, kv_tokens=self.session.kv_tokens,
             kv_mb=self.session.kv_bytes / 2**20, rss_mb=psutil.Process().memory_info().rss / 2**20,
-            recalled=recalled, looked_up=reading.resolution.why, source="model" if direct is None else "clip log",
+            recalled=recalled, looked_up=why, source="model" if direct is None else "clip log",
             exchange=self.session.exchange.as_dict() if direct is None and self.session.exchange else None)
 

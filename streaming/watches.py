@@ -17,10 +17,12 @@ state it was in when the stream stopped and nothing fires twice for one event.
 import contextlib
 import datetime
 import hashlib
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from models.intent import clock
 from models.watch import Watch, description, judge, provenance, read_watch
 
 REARM_CLIPS = 2  # clips in a row without the condition before a watch can fire again
@@ -114,7 +116,7 @@ class Watches:
     def __init__(self, watchers: list[Watcher], session: str, folder=None, snapshots: str | Path | None = None):
         self.watchers, self.session, self.folder = list(watchers), session, folder
         self.snapshots = Path(snapshots) if snapshots else (folder.alerts_path if folder is not None else None)
-        self.alerts: list[dict] = []  # every alert of this run, in order
+        self.alerts: list[dict] = []  # every alert, in order (a resumed session's stored ones first)
         self.clip = 0  # the newest clip judged
         self.lock = threading.Lock()
 
@@ -183,6 +185,7 @@ class Watches:
                 for watcher_ in self.watchers:
                     if meta["clip"] > watcher_.since:
                         watcher_.step(meta)
+            self.alerts = list(stored) + self.alerts  # "when did the alert fire?" is answered across the restart
             by_id = {w.index: w for w in self.watchers}
             for alert_ in stored:
                 if alert_.get("clip", 0) > self.clip and alert_.get("watch_id") in by_id:
@@ -210,6 +213,22 @@ class Watches:
         return str(path), shown
 
 
+ABOUT_ALERTS = re.compile(r"\balert(?:s|ed)?\b|\bwhile i was (?:away|gone|out)\b|\bwhat did i miss\b", re.IGNORECASE)
+
+
+def alert_answer(question: str, alerts: list[dict], most: int = 8) -> str | None:
+    """A question about the alerts ("when did the alert fire?", "what happened while I was away?") answered off the
+    alert log, newest last; None for any other question."""
+    if not ABOUT_ALERTS.search(question):
+        return None
+    if not alerts:
+        return "no alert so far"
+    said = "; ".join(f"{clock(a['video_t'])} {a['alert']}: {a['description']} (clip {a['clip']})"
+                     for a in alerts[-most:])
+    more = f", the last {most}" if len(alerts) > most else ""
+    return f"{len(alerts)} alert{'s' if len(alerts) > 1 else ''}{more}: {said}"
+
+
 def alert_line(alert_: dict) -> str:
     """`stream-qa`'s line for an alert."""
     return (f"[{alert_['video_t']:7.1f}s] ALERT {alert_['alert']}: {alert_['description']}   "
@@ -226,6 +245,8 @@ def add_watch_options(parser) -> None:
                    help=f"video seconds after an alert before the same watch fires again (default {COOLDOWN_S:g})")
     w.add_argument("--watch-rearm", type=int, default=REARM_CLIPS, metavar="N",
                    help=f"clips in a row without the condition before a watch fires again (default {REARM_CLIPS})")
+    w.add_argument("--webhook", action="append", default=[], metavar="URL",
+                   help="POST each alert here as JSON (at least once, its id as Idempotency-Key); may be repeated")
     w.add_argument("--snapshots", metavar="DIR",
                    help="write each alert's frame as DIR/ID.jpg (default: the session folder's alerts/, else none)")
 
@@ -236,6 +257,15 @@ def check_watches(args) -> list[Watcher]:
         raise ValueError(f"--watch-cooldown must be a number of seconds ≥ 0, got {args.watch_cooldown}")
     if args.watch_rearm < 1:
         raise ValueError(f"--watch-rearm must be a whole number ≥ 1, got {args.watch_rearm}")
+    from .urls import LOCAL, UrlRefused
+    from .webhooks import Webhooks
+
+    if args.webhook and not args.watch:
+        raise ValueError("--webhook sends alerts: give a --watch too")
+    try:
+        Webhooks.check(args.webhook, LOCAL)
+    except UrlRefused as err:
+        raise ValueError(f"--webhook: {err}") from None
     try:
         return read_watches(args.watch, args.watch_rearm, args.watch_cooldown)
     except ValueError as err:
@@ -248,7 +278,7 @@ def session_watches(name: str, texts=(), folder=None, through: int = 0, rearm_cl
     folder's watches go on, its clips up to `through` (the last its store holds: the stream goes on after it) and its
     alerts replayed into them; a watch of `texts` they lack is added (ValueError: one that cannot be watched)."""
     resumed = folder is not None and folder.resume
-    watches = Watches.restore(folder.watches() if resumed else [], name, folder, snapshots)
+    watches = Watches.restore(folder.watches() if resumed else [], str(name), folder, snapshots)
     if resumed:
         watches.replay([m for m in folder.clips() if m.get("clip", 0) <= through], folder.alerts())
     known = {w.watch.text + (" @once" if w.watch.once else "") for w in watches.watchers}
@@ -265,3 +295,16 @@ def watching(args, label: str, folder=None, through: int = 0) -> Watches | None:
     watches = session_watches(folder.path.name if folder is not None else label, args.watch, folder, through,
                               args.watch_rearm, args.watch_cooldown, getattr(args, "snapshots", None))
     return watches if watches.watchers else None
+
+
+def webhooks(args):
+    """`stream-qa --webhook`'s deliverer (None without one): stream-qa's own URL rules (its user's machine: loopback
+    and private addresses allowed), its failures one warning line each."""
+    if not getattr(args, "webhook", None):
+        return None
+    import sys
+
+    from .urls import LOCAL
+    from .webhooks import Webhooks
+
+    return Webhooks(args.webhook, LOCAL, warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True))

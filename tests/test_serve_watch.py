@@ -4,6 +4,7 @@ A real `python -m serve` on loopback, real httpx clients, the real detector on r
 
 import json
 import threading
+import time
 
 import cv2
 import httpx
@@ -16,8 +17,18 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with serving(tmp_path_factory.mktemp("serve_watch")) as running:
+def receiver():
+    from tests.webhook_receiver import Receiver
+
+    hook = Receiver()
+    yield hook
+    hook.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, receiver):
+    """A server whose operator named a webhook: a real loopback receiver (allowed by --allow-url-host 127.0.0.1)."""
+    with serving(tmp_path_factory.mktemp("serve_watch"), "--webhook", f"{receiver.url}/alerts") as running:
         yield running
 
 
@@ -56,7 +67,7 @@ def jpeg(rgb) -> bytes:
     return cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))[1].tobytes()
 
 
-def test_a_watch_set_with_a_session_alerts_its_listeners_and_is_kept_with_the_session(server):
+def test_a_watch_set_with_a_session_alerts_its_listeners_and_is_kept_with_the_session(server, receiver):
     url, _, _ = server
     http = httpx.Client(base_url=url, headers=AUTH, timeout=120)
     opened = http.post("/v1/sessions", json={"budget": "256", "clip_seconds": 2.0, "watches": ["a person"]})
@@ -95,6 +106,13 @@ def test_a_watch_set_with_a_session_alerts_its_listeners_and_is_kept_with_the_se
         assert http.delete(f"/v1/sessions/{sid}/watches/1").status_code == 404
         metrics = http.get("/metrics").text
         assert f"stream_qa_alerts_total {float(len(alerts))}" in metrics
+        # and POSTed to the operator's webhook, each once, its id as the Idempotency-Key
+        deadline = time.monotonic() + 30
+        while len(receiver.posts) < len(alerts) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [(path, key, body["id"]) for path, key, body in receiver.posts] == \
+            [("/alerts", a["id"], a["id"]) for a in alerts]
+        assert 'stream_qa_webhook_alerts{outcome="delivered"} ' + f"{float(len(alerts))}" in http.get("/metrics").text
     finally:
         for listener in (own, everyone):
             listener.stop.set()
@@ -122,6 +140,17 @@ def test_a_bad_watch_request_is_refused_in_one_line_and_the_session_keeps_its_wa
             assert [w["text"] for w in http.get(f"/v1/sessions/{sid}/watches").json()] == ["a person"]
         finally:
             http.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_webhook_the_servers_rules_refuse_stops_it_before_it_loads_in_one_line():
+    import subprocess
+    import sys
+
+    for url, said in (("file:///etc/passwd", "http:// or https://"), ("http://127.0.0.1:9/x", "a loopback address"),
+                      ("http://10.1.2.3/x", "a private address")):
+        out = subprocess.run([sys.executable, "-m", "serve", "--webhook", url], capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 2 and said in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 def test_watches_are_bounded_and_the_event_feeds_need_the_token(server):

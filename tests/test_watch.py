@@ -5,6 +5,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import cv2
 import pytest
@@ -100,13 +101,15 @@ def run_cli(*args, timeout=300):
 
 
 def test_stream_qa_watch_alerts_in_the_clip_that_first_shows_it_with_a_snapshot_of_that_frame(tmp_path):
-    out = run_cli("--fast", "--json", "--clips", "--ask", "is there a bicycle now? @8s", "--watch", "a person",
+    out = run_cli("--fast", "--json", "--clips", "--ask", "is there a bicycle now? @8s", "--ask",
+                  "what happened while I was away? @10s", "--watch", "a person",
                   "--watch", "a bicycle @once", "--watch", "the car leaves", "--session", str(tmp_path / "s"))
     assert out.returncode == 0, out.stderr
     rows = [json.loads(line) for line in out.stdout.splitlines()]
     clips = [r for r in rows if "seen" in r and "alert" not in r]
     alerts = [r for r in rows if "alert" in r]
-    assert [r["question"] for r in rows if "question" in r] == ["is there a bicycle now?"]
+    answers = [r for r in rows if "question" in r]
+    assert [r["question"] for r in answers] == ["is there a bicycle now?", "what happened while I was away?"]
     first_person = next(c["clip"] for c in clips if c["objects"].get("person"))
     person = [a for a in alerts if a["alert"] == "a person"]
     assert [a["clip"] for a in person] == [first_person]  # bikes.mp4: the cyclist, once (10 s < the cooldown)
@@ -121,6 +124,10 @@ def test_stream_qa_watch_alerts_in_the_clip_that_first_shows_it_with_a_snapshot_
     assert person[0]["evidence"]["person"]["frame_t"] == person[0]["snapshot_t"]
     stored = [json.loads(line) for line in (tmp_path / "s" / "alerts.jsonl").read_text().splitlines()]
     assert stored == alerts
+    # asked after them, the alerts are read off the alert log, each with its time, watch and clip
+    away = answers[1]
+    assert away["looked_up"] == "the alert log" and away["answer"].startswith(f"{len(alerts)} alerts: ")
+    assert all(f"{a['alert']}: {a['description']} (clip {a['clip']})" in away["answer"] for a in alerts)
     # without --json, the line stream-qa prints for it
     assert alert_line(person[0]) == (f"[{person[0]['video_t']:7.1f}s] ALERT a person: a person   (clip {first_person}; "
                                      f"clip {first_person}'s detections: a person in the frame at 0:0"
@@ -135,6 +142,10 @@ def test_stream_qa_watch_alerts_in_the_clip_that_first_shows_it_with_a_snapshot_
     (["--watch", "a person", "--watch-cooldown", "-1"], "--watch-cooldown must be"),
     (["--watch", "a person", "--watch-rearm", "0"], "--watch-rearm must be"),
     (["--watch", "a person", "--server", "http://127.0.0.1:9"], "--watch runs here"),
+    (["--webhook", "http://127.0.0.1:9/hook"], "--webhook sends alerts: give a --watch too"),
+    (["--watch", "a person", "--webhook", "file:///etc/passwd"], "a webhook is an http:// or https:// URL"),
+    (["--watch", "a person", "--webhook", "ftp://127.0.0.1/x"], "a webhook is an http:// or https:// URL"),
+    (["--watch", "a person", "--webhook", "http://:80/x"], "names no host"),
 ])
 def test_a_bad_watch_is_one_line_and_exit_2_before_the_model_loads(args, said):
     out = run_cli(*args, timeout=60)
@@ -168,3 +179,46 @@ def test_a_killed_stream_qa_resumed_keeps_every_alert_and_alerts_each_event_once
     # the same events as the unbroken run, clip for clip (the folders differ, so the ids do)
     assert [(a["alert"], a["clip"]) for a in stored] == [(a["alert"], a["clip"]) for a in expected]
     assert all(a["session"] == "s" for a in stored)
+
+
+def test_stream_qa_posts_each_alert_to_its_webhook_again_after_a_503_with_the_same_id():
+    from tests.webhook_receiver import Receiver
+
+    receiver = Receiver(fail=1)
+    try:
+        out = run_cli("--fast", "--json", "--ask", "is there a car? @4s", "--watch", "a person", "--webhook",
+                      f"{receiver.url}/hook")
+    finally:
+        receiver.close()
+    assert out.returncode == 0, out.stderr
+    alerts = [json.loads(line) for line in out.stdout.splitlines() if '"alert"' in line]
+    assert len(alerts) == 1
+    # refused once (503), posted again with the same id: at least once, and the receiver can tell it is a repeat
+    assert receiver.posts == [("/hook", alerts[0]["id"], alerts[0])] * 2
+
+
+def test_webhooks_never_wait_for_a_slow_receiver_nor_follow_a_redirect_nor_reach_a_refused_address():
+    from streaming.events import Alert
+    from streaming.urls import LOCAL, SERVER
+    from streaming.webhooks import Webhooks
+    from tests.webhook_receiver import Receiver
+
+    alert = {"id": "a1", "alert": "a person"}
+    slow = Receiver(delay_s=2.0, redirect=("/moved",))
+    try:
+        hooks = Webhooks([f"{slow.url}/hook", f"{slow.url}/moved"], LOCAL, first_wait_s=0.05)
+        t0 = time.perf_counter()
+        for i in range(3):
+            hooks.put(Alert(alert | {"id": f"a{i}"}))
+        queued_s = time.perf_counter() - t0
+        hooks.close(wait_s=30)
+        assert queued_s < 0.05  # the stream's thread hands each alert over and goes on
+        paths = [path for path, _, _ in slow.posts]
+        assert paths.count("/hook") == 3 and paths.count("/moved") == 3 and "/elsewhere" not in paths
+        assert hooks.counts == {"delivered": 3, "retried": 0, "failed": 3, "dropped": 0}  # a 302 is not retried
+        refused = Webhooks([f"{slow.url}/hook"], SERVER, first_wait_s=0.05)  # the server's rules: no loopback
+        refused.put(Alert(alert))
+        refused.close(wait_s=10)
+        assert refused.counts["failed"] == 1 and len(slow.posts) == 6  # nothing reached the refused address
+    finally:
+        slow.close()
