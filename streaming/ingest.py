@@ -38,13 +38,7 @@ class Clip:
     frame: np.ndarray | None = None  # its last frame, at most `SHOWN_WIDTH` wide: what the app draws the boxes on
     last: float | None = None  # its last frame's video time
     cut: bool = False  # closed early, at a question's time (`end`): it holds every frame up to its end
-    shown: tuple = ()  # (video time, frame at most `SHOWN_WIDTH` wide) of each frame: an alert's snapshot
-
-    def shown_at(self, t: float | None) -> np.ndarray | None:
-        """The clip's frame nearest video time `t` (the last with none), as small as `frame`."""
-        if t is None or not self.shown:
-            return self.frame
-        return min(self.shown, key=lambda pair: abs(pair[0] - t))[1]
+    shown: tuple = ()  # (video time, frame at most `SHOWN_WIDTH` wide): the last, and those counts were read in
 
 
 @dataclass
@@ -193,9 +187,13 @@ class Ingest:
         self.telemetry.ingest_s += spent
         self.telemetry.video_s += end - times[0]
         self.index += 1
-        small = [shown(frame) for frame in frames]
-        self.put(Clip(self.index, times[0], end, visual, spent, small[-1], times[-1], cut,
-                      tuple(zip(map(float, times), small, strict=True))))
+        # small copies of the last frame and of those the detector's counts were read in (an alert's snapshot), not
+        # of every frame: this runs for every frame of every stream
+        counted = set(visual.meta.get("counted_at", {}).values())
+        kept = tuple((float(t), shown(f)) for t, f in zip(times[:-1], frames[:-1], strict=True) if t in counted)
+        last = shown(frames[-1])
+        kept += ((float(times[-1]), last),)
+        self.put(Clip(self.index, times[0], end, visual, spent, last, times[-1], cut, kept))
 
     def put(self, item, force: bool = False) -> None:
         """Queue a clip (or, `force`d, the end): never dropped, but given up once the model thread has stopped."""

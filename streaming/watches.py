@@ -201,16 +201,20 @@ class Watches:
         from .snapshot import jpeg  # lazy: OpenCV
 
         t = next((e["frame_t"] for e in evidence.values() if "frame_t" in e), None)
-        framed = dict(getattr(clip.encoded, "frame_boxes", ()))
-        boxes = framed[min(framed, key=lambda u: abs(u - t))] if t is not None and framed else meta.get("boxes", ())
+        shown_t, frame = nearest(clip.shown, t) or (clip.last, clip.frame)
+        boxes = (nearest(getattr(clip.encoded, "frame_boxes", ()), shown_t) or (None, meta.get("boxes", ())))[1]
         path = self.snapshots / f"{name}.jpg"
         try:
             diskio.make_folder(self.snapshots)
-            diskio.write_atomic(path, jpeg(clip.shown_at(t), boxes))
+            diskio.write_atomic(path, jpeg(frame, boxes))
         except Exception:  # noqa: BLE001 (a disk fault, a frame OpenCV cannot encode: the alert goes out without it)
             return None, None
-        shown = min(clip.shown, key=lambda pair: abs(pair[0] - t))[0] if t is not None and clip.shown else clip.last
-        return str(path), shown
+        return str(path), shown_t
+
+
+def nearest(pairs, t: float | None):
+    """The (time, value) of `pairs` nearest video time `t`; None for no time or no pairs."""
+    return min(pairs, key=lambda pair: abs(pair[0] - t)) if t is not None and pairs else None
 
 
 ABOUT_ALERTS = re.compile(r"\balert(?:s|ed)?\b|\bwhile i was (?:away|gone|out)\b|\bwhat did i miss\b", re.IGNORECASE)

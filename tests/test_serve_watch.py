@@ -147,7 +147,7 @@ def test_a_webhook_the_servers_rules_refuse_stops_it_before_it_loads_in_one_line
     import sys
 
     for url, said in (("file:///etc/passwd", "http:// or https://"), ("http://127.0.0.1:9/x", "a loopback address"),
-                      ("http://10.1.2.3/x", "a private address")):
+                      ("http://[::1]:9/x", "a loopback address")):
         out = subprocess.run([sys.executable, "-m", "serve", "--webhook", url], capture_output=True, text=True,
                              timeout=120)
         assert out.returncode == 2 and said in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -31,7 +31,7 @@ class Receiver:
                 self.end_headers()
 
             def log_message(self, *args):
-                pass
+                """Quiet: the tests read what it recorded, not its access log."""
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
