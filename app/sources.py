@@ -92,7 +92,7 @@ class BrowserCamera(FrameSource):
         self.stop, self.fps, self.timeout, self.clock = stop, fps, timeout, clock
         self.frames: queue.Queue = queue.Queue(maxsize=2)
         self.started, self.next_t, self.ended = None, 0.0, None
-        self.received = 0
+        self.received, self.last_received = 0, None
         self.waited_s = 0.0  # time spent waiting for the page's frames, left out of the ingest speed
 
     def asked_at(self) -> float | None:
@@ -103,7 +103,7 @@ class BrowserCamera(FrameSource):
         now = self.clock()
         self.started = self.started if self.started is not None else now
         t = now - self.started
-        self.received += 1
+        self.received, self.last_received = self.received + 1, now
         if t < self.next_t:
             return
         self.next_t = max(self.next_t + 1.0 / self.fps, t)
@@ -113,17 +113,16 @@ class BrowserCamera(FrameSource):
             pass
 
     def __iter__(self) -> Iterator[Frame]:
-        last = self.clock()
         while not self.stop.is_set():
             t0 = self.clock()
             try:
                 frame = self.frames.get(timeout=0.1)
             except queue.Empty:
                 self.waited_s += self.clock() - t0
-                if self.started is not None and self.clock() - last > self.timeout:
+                # since the page last sent a frame (kept or not), not since ingest took one: a slow clip is no gap
+                if self.last_received is not None and self.clock() - self.last_received > self.timeout:
                     self.ended = f"the browser camera sent no frame for {self.timeout:g} s"
                     return
                 continue
-            last = self.clock()
-            self.waited_s += last - t0
+            self.waited_s += self.clock() - t0
             yield frame

@@ -53,9 +53,9 @@ class Webhooks(Handler):
             self.counts["dropped"] += 1
 
     def close(self, wait_s: float = 5.0) -> None:
-        """Stop once what is queued is delivered, or after `wait_s`."""
+        """Stop once what is queued or being retried is delivered, or after `wait_s`."""
         deadline = time.monotonic() + wait_s
-        while not self._queue.empty() and time.monotonic() < deadline:
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
             time.sleep(0.05)
         self._stop.set()
         self._thread.join(timeout=max(0.0, deadline - time.monotonic()) + 1)
@@ -71,6 +71,7 @@ class Webhooks(Handler):
                     continue
                 for url in self.urls:
                     self._deliver(client, url, alert)
+                self._queue.task_done()  # only now: `close` waits for an alert between its retries too
 
     def _deliver(self, client, url: str, alert: dict) -> None:
         import httpx

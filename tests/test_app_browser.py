@@ -157,7 +157,10 @@ def test_browser_camera_is_ingested_and_answered_about(new_page):
     start(page)
     page.get_by_role("button", name="Click to Access Webcam").click()
     page.locator("#webcam button", has_text="Record").first.click()
-    wait(lambda: stats(page).get("clips", 0) >= 2, timeout=60)
+    try:  # 8 s alone; CI's slowest machine, beside the other worker's tests, once took over 60
+        wait(lambda: stats(page).get("clips", 0) >= 2, timeout=180)
+    except TimeoutError:
+        raise AssertionError(f"{page.inner_text('#stats')!r}; chat: {messages(page)}") from None
     answer = send(page, "what is the color of the shape?")
     assert re.match(r"\[[\d.]+ s\] \S", answer)
     time.sleep(1.5)

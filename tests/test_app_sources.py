@@ -110,6 +110,10 @@ def test_browser_camera_samples_pushed_frames_and_times_out():
             kept.append(next(frames))
     assert [f.t for f in kept] == [0.0, 0.25, 0.5, 0.75] and camera.received == 16
     assert kept[0].rgb.shape == frame.shape and camera.ended is None
-    clock.now = 0.75 + 0.6  # the last frame taken was at 0.75 s
+    clock.now = 2.0  # ingest was busy for a second: the frame the page sent meanwhile is taken, no gap is called
+    camera.push(rgba)
+    clock.now = 2.1
+    assert next(frames).t == 2.0 and camera.ended is None
+    clock.now = 2.0 + 0.6  # the page's last frame came at 2.0 s
     assert next(frames, None) is None
     assert camera.ended == "the browser camera sent no frame for 0.5 s"

@@ -64,7 +64,7 @@ def in_threads(fns):
 
 @pytest.mark.parametrize("policy, per_stream, slots", [
     ("h2o", 1, 0),  # h2o: an observer scores every decode step, per row
-    ("inf_mllm", 2, 4),  # the steps on fixed shapes (slots.py), run as is: the same step a GPU compiles; run as is,
+    ("inf_mllm", 1, 4),  # the steps on fixed shapes (slots.py), run as is: the same step a GPU compiles; run as is,
     # only when every slot answers (`min_rows`), the other steps eagerly on the slots' buffers
     # the batched rows without slots (the pool's default), 12 questions over 4 streams: ~3 min on 2 cores, in
     # `make test-slow` (a short run of it, ~2.5 min, was the longest test of `make test`)
