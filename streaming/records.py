@@ -29,7 +29,9 @@ METRICS = ("ppl", "accuracy", "decode_ms_per_token", "ttft_s", "evict_share", "k
            "encode_ms", "kv_kb_per_clip", "clip_ttft_s", "floor_ms_per_token", "decode_vs_floor", "gpu_mb",
            "first_answer_s", "decode_vs_streaming_llm", "ttft_p95_s", "bound_mb", "read_gb_s", "clips", "dropped",
            "answers", "video_s", "wall_s", "answer_s", "answer_p95_s", "overhead_ms", "questions_per_s", "requests",
-           "refused", "errors", "max_logit_diff", "same_greedy", "kl")
+           "refused", "errors", "max_logit_diff", "same_greedy", "kl", "alerts", "events", "precision", "recall",
+           "latency_clips", "false_per_hour", "false_per_quiet_hour", "repeats_per_hour", "alert_wall_s", "judge_us",
+           "turn_s", "perception_s")
 
 
 def record(benchmark, policy, budget, metric, value, x):
