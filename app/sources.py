@@ -32,6 +32,7 @@ class PlaybackSource(FrameSource):
         self.duration, self.stop, self.speed, self.clock = self.file.duration, stop, speed, clock
         self.started = clock()
         self.lap, self.position = 0, None  # player laps and its last reported position (None: server clock)
+        self.reported_at = self.started  # when the page last reported it
         self.waited_s = 0.0  # time spent waiting for playback, left out of the ingest speed
         self.moved = threading.Event()
         self.waits = 0  # times it looked at the playback position and found the next frame not reached yet
@@ -40,10 +41,14 @@ class PlaybackSource(FrameSource):
         """The player's position in seconds (from the page's timer)."""
         if position is None:
             return
-        position = float(position)
-        if self.position is not None and self.position > self.duration - 2.5 and position < 2.5:
+        position, now = float(position), self.clock()
+        if self.position is not None and position < self.position and (
+                self.position > self.duration - 2.5 and position < 2.5
+                # the page's timer late on a loaded machine: the player had time to reach the end since the last
+                # report (a lap missed here would read as a seek back, and ingest would wait a lap for nothing)
+                or self.position + (now - self.reported_at) >= self.duration - 0.5):
             self.lap += 1
-        self.position = position
+        self.position, self.reported_at = position, now
         self.moved.set()
 
     def now(self) -> float:

@@ -75,6 +75,15 @@ def test_the_looping_player_starts_a_new_lap_and_video_time_runs_on():
     assert source.now() == pytest.approx(10.4)
     source.report(4.0)  # an ordinary seek back within the lap
     assert source.now() == pytest.approx(14.0)
+    clock = Clock()  # the page's timer reports every second; on a loaded machine one can come seconds late
+    late = PlaybackSource(bundled_clip(), threading.Event(), fps=1.0, clock=clock)
+    late.report(6.5)
+    clock.now = 4.6
+    late.report(1.1)  # 4.6 s after 6.5 s the player had passed the end of the 10-s clip: a lap, not a seek back
+    assert late.now() == pytest.approx(11.1)
+    clock.now = 5.0
+    late.report(0.5)  # 0.4 s later: a seek back
+    assert late.now() == pytest.approx(10.5) and late.lap == 1
 
 
 def test_without_a_player_a_server_clock_paces_ingest():

@@ -246,7 +246,10 @@ def test_the_app_calls_nobody_from_its_process_or_its_page(app_url, browser):
         before = len(messages(page))
         page.fill("#question textarea", "what is on screen?")
         page.click("#send")
-        answer = wait(lambda: next((m for m in messages(page)[before:] if re.search(r"first token|⚠", m)), None))
+        try:
+            answer = wait(lambda: next((m for m in messages(page)[before:] if re.search(r"first token|⚠", m)), None))
+        except TimeoutError:  # once in the slow suite (12 s alone): what the page showed, for the next reader
+            raise AssertionError(f"{page.inner_text('#stats')!r}; chat: {messages(page)[-3:]}") from None
         assert "s to first token" in answer
     assert elsewhere(urls) == [] and len(urls) > 10
     assert off_machine(log) == []
