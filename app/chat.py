@@ -12,10 +12,13 @@ from streaming.hosted import HostedSession
 
 class Chat(HostedSession):
     """A tab's session and the page's own state of it: where its transcript is written, whether the looping player's
-    lap was said, which clip the detector's view last drew."""
+    lap was said, which clip the detector's view last drew, which alerts were said and listed."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.transcript_path: Path | None = None
         self.lap_said = False
         self.drawn = False  # the clip last drawn (None: drawn with the boxes off; False: none yet)
+        self.alerts_said = 0  # the alerts said in the chat so far
+        self.listed: list[dict] = []  # the alerts in the page's list, in its order
+        self.held_until = 0.0  # a picked alert's frame is shown in place of the newest clip's until then

@@ -1,9 +1,11 @@
 """What the page's events do: start a session from the chosen source and settings (a changed setting restarts it),
-ask and stream the answer, tick (plots, notices, the detector's view), take the browser camera's frames, and let a
-session go when its tab closes or idles. One `Handlers` per page (`ui.build`), holding its open chats."""
+ask and stream the answer, set a watch, tick (plots, notices, alerts, the detector's view), show a picked alert and
+ask about it, take the browser camera's frames, and let a session go when its tab closes or idles. One `Handlers` per
+page (`ui.build`), holding its open chats."""
 
 import json
 import tempfile
+import time
 import uuid
 from dataclasses import fields
 from pathlib import Path
@@ -11,19 +13,34 @@ from pathlib import Path
 import gradio as gr
 import numpy as np
 
+from models.intent import clock
+from streaming.errors import one_line
 from streaming.events import Done, Handler, Started, Token, Unanswered
 from streaming.hosted import Host
 from streaming.provenance import notes
 from streaming.questions import MAX_QUESTION_CHARS
 from streaming.settings import BadInput, Settings
 from streaming.sources import CaptureSource, SourceError, bundled_clip
+from streaming.watches import MAX_WATCHES, watcher
 
 from .chat import Chat
 from .sources import BrowserCamera, PlaybackSource
-from .views import memory_note, numbers, say, series, sighted, sighted_label
+from .views import (
+    alert_caption,
+    alert_items,
+    alert_said,
+    memory_note,
+    numbers,
+    say,
+    series,
+    sighted,
+    sighted_label,
+    watching,
+)
 
 VIDEO_TYPES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi"}
 TRANSCRIPTS = Path(tempfile.gettempdir()) / "inf_mllm_app"
+PICKED_HOLD_S = 10.0  # a picked alert's frame stays in the detector's view this long before the newest clip's
 
 
 def check_upload(path: str | None, max_mb: float) -> Path:
@@ -89,6 +106,26 @@ def looped(chat) -> str | None:
             f"the numbers line shows the lap.")
 
 
+def new_alerts(chat) -> list[str]:
+    """The chat lines of the alerts fired since the last tick; held back, as the lap notice is, while a question is
+    being answered."""
+    if chat is None or chat.in_flight:
+        return []
+    alerts = chat.watches.alerts
+    fresh, chat.alerts_said = alerts[chat.alerts_said:], len(alerts)
+    return [alert_said(a) for a in fresh]
+
+
+def alerts_list(chat) -> tuple:
+    """The alerts list (its snapshots and captions, newest first) and its visibility; unchanged: no update."""
+    items = alert_items(chat)
+    if chat is None or [a["id"] for a in items] == [a["id"] for a in chat.listed]:
+        return (gr.skip(),)
+    chat.listed = items
+    return (gr.update(value=[(a["snapshot"], alert_caption(a)) for a in items], visible=True,
+                      label=f"Alerts ({len(items)}, newest first; click one to see its frame and ask about it)"),)
+
+
 class Handlers:
     """The events' functions of one page; `open_chats` by browser session, so that closing a tab ends its engine
     at once."""
@@ -122,16 +159,19 @@ class Handlers:
             return "browser camera", lambda stop: BrowserCamera(stop, fps=settings.fps), None
         raise BadInput(f"unknown source {kind!r}")
 
-    def start(self, chat, history, kind, clip, upload, camera, model, policy, budget, bias, window, *more,
+    def start(self, chat, watched, history, kind, clip, upload, camera, model, policy, budget, bias, window, *more,
               request: gr.Request = None):
-        """`more`: the other settings' controls, in `MORE_SETTINGS`' order (a control left empty: the default)."""
+        """`watched`: the watches set on the page, judged from the first clip; `more`: the other settings' controls,
+        in `MORE_SETTINGS`' order (a control left empty: the default)."""
         self.release(chat)
         try:
             given = {k: v for k, v in zip(MORE_SETTINGS, more, strict=False) if v is not None and v != ""}
             settings = Settings(model=model, policy=policy, budget=str(budget).strip(),
                                 bias=number(bias, float, "bias"), window=number(window, int, "window"), **given)
             label, make, video = self.source(kind, clip, upload, camera, settings)
-            chat = Chat(self.host, settings, make, label)
+            name = f"app-{uuid.uuid4().hex[:12]}"  # its alerts' ids and its snapshots' folder
+            chat = Chat(self.host, settings, make, label, name=name, watches=watched or (),
+                        snapshots=TRANSCRIPTS / "alerts" / name)
             if request is not None:
                 self.open_chats[request.session_hash] = chat
         except (BadInput, SourceError) as err:
@@ -139,13 +179,46 @@ class Handlers:
         note = f"New session: {label} · {settings.describe()}. Ask about what has played so far."
         return chat, say(history, note), gr.update(value=video)
 
-    def restart(self, chat, history, kind, clip, upload, camera, model, policy, budget, bias, window, *more,
+    def restart(self, chat, watched, history, kind, clip, upload, camera, model, policy, budget, bias, window, *more,
                 request: gr.Request = None):
         """A changed model or cache setting starts a new session (only when one is running)."""
         if chat is None:
             return chat, gr.skip(), gr.skip()
-        return self.start(chat, history, kind, clip, upload, camera, model, policy, budget, bias, window, *more,
-                          request=request)
+        return self.start(chat, watched, history, kind, clip, upload, camera, model, policy, budget, bias, window,
+                          *more, request=request)
+
+    @staticmethod
+    def watch(chat, watched, history, text):
+        """A watch typed in the box: set on the running session at once, and kept for the sessions Start opens."""
+        text = " ".join((text or "").split())
+        if not text:
+            return watched, say(history, "⚠ Type what to watch for first (a person, more than 2 cars, the car "
+                                         "leaves)."), gr.skip(), gr.skip()
+        try:
+            if len(watched) >= MAX_WATCHES:
+                raise ValueError(f"at most {MAX_WATCHES} watches on a stream")
+            running = chat is not None and not chat.finished.is_set()
+            if running:
+                chat.watches.add(text)
+            else:
+                watcher(text, 0)  # read now (a watch that cannot be watched is said at once), set when Start opens one
+        except ValueError as err:
+            return watched, say(history, f"⚠ {one_line(err)}"), gr.skip(), gr.skip()
+        watched = [*watched, text]
+        when = "from the next clip on" if running else "from the first clip once you press Start"
+        note = f"Watching for {text!r} {when}: an alert is said here, listed under the chat and marked on the graph."
+        return watched, say(history, note), "", watching(chat if running else None, watched)
+
+    @staticmethod
+    def pick(chat, event: gr.SelectData):
+        """An alert clicked in the list: its frame in the detector's view, and the question about it in the box."""
+        listed = getattr(chat, "listed", [])
+        if not 0 <= event.index < len(listed):
+            return gr.skip(), gr.skip()
+        alert = listed[event.index]
+        chat.held_until, chat.drawn = time.monotonic() + PICKED_HOLD_S, False  # then the newest clip's again
+        frame = gr.update(value=(alert["snapshot"], []), label=f"Alert · {alert_caption(alert)}", visible=True)
+        return f"what happened at {clock(alert.get('snapshot_t') or alert['start'])}?", frame
 
     @staticmethod
     def refusal(chat, text: str) -> str | None:
@@ -178,9 +251,9 @@ class Handlers:
                 return
 
     @staticmethod
-    def tick(video: gr.Video, chat, history, boxes_on):
+    def tick(video: gr.Video, chat, history, boxes_on, watched):
         """The plots (shown from a session's first sample on, in place of the note before it), the numbers, the
-        chat's notices and the detector's view."""
+        chat's notices and alerts, the alerts list and the watches line, and the detector's view."""
         position = getattr(video, "playback_position", None) if video is not None else None
         if chat is not None and position is not None and isinstance(chat.source, PlaybackSource):
             chat.source.report(position)
@@ -192,18 +265,18 @@ class Handlers:
         else:
             plots = (gr.skip(),) * 4
         notices, chat_out = chat.notices if chat else [], gr.skip()
-        said = [*notices, *filter(None, [looped(chat)])]
+        said = [*notices, *filter(None, [looped(chat)]), *new_alerts(chat)]
         if said:
             for n in said:
                 history = say(history, n)
             notices.clear()
             chat_out = history
-        clip = getattr(chat, "shown", None)
-        drawn = gr.skip() if boxes_on and chat is not None and clip is chat.drawn else \
+        clip, held = getattr(chat, "shown", None), chat is not None and time.monotonic() < chat.held_until
+        drawn = gr.skip() if held or boxes_on and chat is not None and clip is chat.drawn else \
             gr.update(value=sighted(chat, boxes_on), label=sighted_label(chat), visible=boxes_on)
-        if chat is not None:
+        if chat is not None and not held:
             chat.drawn = clip if boxes_on else None  # redrawn only when a new clip comes in
-        return *plots, numbers(chat), chat_out, drawn
+        return *plots, numbers(chat), chat_out, drawn, *alerts_list(chat), watching(chat, watched)
 
     @staticmethod
     def push_frame(frame, chat):

@@ -1,7 +1,8 @@
 """The page: a source and a player on the left, the chat and the live memory graph on the right.
 
 Every browser session keeps its own `Chat` in a `gr.State` (released when the page leaves or after
-`idle_s` without a question or a start). Events that run the model share one concurrency group of
+`idle_s` without a question or a start), and the watches typed on the page in another (each session Start opens
+watches for them). Events that run the model share one concurrency group of
 `MODEL_EVENTS` at once: every tab's session is a stream of one session pool (chat.py), which batches the
 answers that decode together, so a second user's question is answered beside the first, not after it.
 What the events do is handlers.py; what the page shows of a chat, views.py.
@@ -19,7 +20,7 @@ from streaming.settings import IDLE_CLOSE_S, Settings, value_type
 from streaming.sources import bundled_clip
 
 from .handlers import MORE_SETTINGS, Handlers
-from .views import COLOURS, clip_seen, memory_note, numbers, sighted, sighted_label
+from .views import COLOURS, clip_seen, memory_note, numbers, sighted, sighted_label, watching
 
 DEFAULTS = Settings()  # the controls start at a hosted session's own defaults (streaming/settings.py)
 
@@ -40,9 +41,10 @@ def build(idle_s: float = IDLE_CLOSE_S, max_upload_mb: float = 200, clock_speed:
     # launch report themselves to huggingface.co (streaming/offline.py turns the same off for every process)
     with gr.Blocks(title="Inf-MLLM streaming video chat", analytics_enabled=False) as demo:
         chat = gr.State(None, time_to_live=idle_s, delete_callback=handlers.release)
+        watched = gr.State([])  # the watches typed on the page: each session Start opens watches for them
         gr.Markdown("## Streaming video chat · bounded KV cache (Inf-MLLM)")
         page = layout(max_upload_mb, handlers.host.models)
-        wire(handlers, chat, page)
+        wire(handlers, chat, watched, page)
         demo.unload(handlers.leave)
     return demo
 
@@ -80,6 +82,13 @@ def layout(max_upload_mb: float, models: list[str]) -> SimpleNamespace:
                                       elem_id="question")
                 send = gr.Button("Send", scale=1, elem_id="send")
             stats = gr.Markdown(numbers(None), elem_id="stats")
+            with gr.Row():
+                watch = gr.Textbox(placeholder="Watch for… (a person, more than 2 cars, the car leaves)",
+                                   show_label=False, scale=5, elem_id="watch")
+                watch_go = gr.Button("Watch", scale=1, elem_id="watch-go")
+            watches = gr.Markdown(watching(None, []), elem_id="watches")
+            alerts = gr.Gallery(label="Alerts", visible=False, columns=4, fit_columns=False, height=210,
+                                object_fit="contain", allow_preview=False, elem_id="alerts")
             transcript = gr.File(label="Transcript (JSON lines, as stream-qa --json)", interactive=False)
     with gr.Row():
         graphs_note = gr.Markdown("**Memory graphs** (the KV cache in tokens and in MB, the process's memory) appear "
@@ -114,25 +123,31 @@ def show(kind):
             gr.update(visible=kind in ("Bundled clip", "Upload")))
 
 
-def wire(handlers: Handlers, chat: gr.State, p: SimpleNamespace) -> None:
+def wire(handlers: Handlers, chat: gr.State, watched: gr.State, p: SimpleNamespace) -> None:
     """The page's events: what runs the model shares one concurrency group; the rest runs at once."""
     p.kind.change(show, p.kind, [p.clip, p.upload, p.camera, p.webcam, p.player], api_name=False)
     cache = [p.kind, p.clip, p.upload, p.camera, p.model, p.policy, p.budget, p.bias, p.window]
     controls = [*cache, *p.more.values()]
-    p.go.click(handlers.start, [chat, p.chatbot, *controls], [chat, p.chatbot, p.player], api_name=False,
+    p.go.click(handlers.start, [chat, watched, p.chatbot, *controls], [chat, p.chatbot, p.player], api_name=False,
                concurrency_id=MODEL_GROUP, concurrency_limit=MODEL_EVENTS)
-    # API clients' /start takes the source and the cache settings as it always has (the others at their defaults)
-    gr.Button(visible=False).click(handlers.start, [chat, p.chatbot, *cache], [chat, p.chatbot, p.player],
+    # API clients' /start takes the source and the cache settings as it always has (the others at their defaults;
+    # a state is no parameter of the API)
+    gr.Button(visible=False).click(handlers.start, [chat, watched, p.chatbot, *cache], [chat, p.chatbot, p.player],
                                    api_name="start", concurrency_id=MODEL_GROUP, concurrency_limit=MODEL_EVENTS)
     gr.on([p.model.input, p.policy.input, p.budget.submit, p.bias.submit, p.window.submit], handlers.restart,
-          [chat, p.chatbot, *controls], [chat, p.chatbot, p.player], api_name=False, concurrency_id=MODEL_GROUP)
+          [chat, watched, p.chatbot, *controls], [chat, p.chatbot, p.player], api_name=False,
+          concurrency_id=MODEL_GROUP)
+    gr.on([p.watch_go.click, p.watch.submit], handlers.watch, [chat, watched, p.chatbot, p.watch],
+          [watched, p.chatbot, p.watch, p.watches], api_name=False, concurrency_limit=None)
     asked = dict(fn=handlers.ask, inputs=[chat, p.chatbot, p.question],
                  outputs=[chat, p.chatbot, p.transcript, p.question], concurrency_id=MODEL_GROUP)
     p.send.click(**asked, api_name="ask")
     p.question.submit(**asked, api_name=False)
+    p.alerts.select(handlers.pick, chat, [p.question, p.seen], api_name=False).then(**asked, api_name=False)
     timer = gr.Timer(1.0)
-    timer.tick(handlers.tick, [p.player, chat, p.chatbot, p.boxes_on],
-               [p.tokens_plot, p.mb_plot, p.process_plot, p.graphs_note, p.stats, p.chatbot, p.seen],
+    timer.tick(handlers.tick, [p.player, chat, p.chatbot, p.boxes_on, watched],
+               [p.tokens_plot, p.mb_plot, p.process_plot, p.graphs_note, p.stats, p.chatbot, p.seen, p.alerts,
+                p.watches],
                api_name=False, concurrency_limit=None, show_progress="hidden")
     p.boxes_on.change(lambda c, on: gr.update(value=sighted(c, on), label=sighted_label(c), visible=on),
                       [chat, p.boxes_on], p.seen, api_name=False, show_progress="hidden")

@@ -1,20 +1,21 @@
 """What the page shows of a chat: the memory plots' frames, the numbers line, the detector's boxes on the newest
-clip, and the chat's lines."""
+clip, the watches and their alerts, and the chat's lines."""
 
 import pandas as pd
 
 from models.detector import plural
+from models.intent import clock
 from streaming.lines import clip_record
 
 from .chat import Chat
 from .sources import PlaybackSource
 
 MAX_POINTS = 400  # per plotted line
-KV, FULL, RSS, GPU = "KV cache", "full cache, same clips", "RSS", "torch (GPU)"
+KV, FULL, RSS, GPU, ALERT = "KV cache", "full cache, same clips", "RSS", "torch (GPU)", "alert"
 STORE, STORE_CAP, WEIGHTS = "span store", "store bound", "weights"  # short: four fit in one row of the legend
 # a plot's colour for each series: a limit paler than the line it limits
 COLOURS = {KV: "#2563eb", FULL: "#f97316", "budget": "#fca5a5", RSS: "#1e3a8a", STORE: "#16a34a",
-           STORE_CAP: "#86efac", WEIGHTS: "#9ca3af", GPU: "#9333ea"}
+           STORE_CAP: "#86efac", WEIGHTS: "#9ca3af", GPU: "#9333ea", ALERT: "#dc2626"}
 
 
 def say(history: list, text: str, role: str = "assistant") -> list:
@@ -51,9 +52,54 @@ def series(chat: Chat | None) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
         for plot, name, value in points:
             if value is not None:
                 lines[plot].setdefault(name, []).append((s["video_s"], value, name))
+    lines[0][ALERT] = alert_marks(chat, lines[0])
     columns = ["video_s", "value", "series"]
     return tuple(pd.DataFrame([row for rows in by_name.values() for row in rows], columns=columns)
                  .astype({"video_s": float, "value": float}) for by_name in lines)
+
+
+def alert_marks(chat: Chat | None, plotted: dict) -> list:
+    """A vertical mark at each alert's video time on the token plot, from zero to the plot's top: one series whose
+    line runs along the axis from the first sample and up and down at each alert (the plot sorts a line's points by
+    time, keeping the order of points at one time). Present from the first sample on, as a point on the axis: the
+    page's plot keeps the series it first drew, and one added later would get no colour."""
+    rows = [row for series_ in plotted.values() for row in series_]
+    if not rows:
+        return []
+    top = max(v for _, v, _ in rows)
+    return [(min(t for t, _, _ in rows), 0, ALERT),
+            *((a["video_t"], v, ALERT) for a in watched_alerts(chat) for v in (0, top, 0))]
+
+
+def watched_alerts(chat: Chat | None) -> list[dict]:
+    watches = getattr(chat, "watches", None)
+    return list(watches.alerts) if watches is not None else []
+
+
+def alert_items(chat: Chat | None) -> list[dict]:
+    """The alerts the list shows, newest first: those with a snapshot (an alert of a clip without a frame is said in
+    the chat only)."""
+    return [a for a in reversed(watched_alerts(chat)) if a.get("snapshot")]
+
+
+def alert_caption(alert: dict) -> str:
+    return f"{clock(alert['video_t'])} {alert['alert']}: {alert['description']} (clip {alert['clip']})"
+
+
+def alert_said(alert: dict) -> str:
+    """An alert's chat line."""
+    return (f"[{alert['video_t']:.1f} s] ALERT **{alert['alert']}**: {alert['description']} "
+            f"(clip {alert['clip']}; {alert['provenance']})")
+
+
+def watching(chat: Chat | None, watched: list[str]) -> str:
+    """The watches line: what is watched for, and how often each fired."""
+    if chat is not None and getattr(chat, "watches", None) is not None:
+        said = [f"{w['text']} ({w['alerts']} alert{'' if w['alerts'] == 1 else 's'})" for w in chat.watches.listing()]
+    else:
+        said = [f"{text} (from Start)" for text in watched]
+    return ("**watching** " + " · ".join(said)) if said else \
+        "**watching** nothing: type what to watch for (a person, more than 2 cars, the car leaves) and press Watch"
 
 
 def lap(chat: Chat, video_s: float) -> str:

@@ -87,9 +87,10 @@ class HostedSession(LiveSession):
     handed over, and a folder opened to resume continues the session after its last stored clip."""
 
     def __init__(self, host: Host, settings: Settings, make_source, label: str, answers_after_end: bool = False,
-                 folder=None, name: str = "", watches=()):
+                 folder=None, name: str = "", watches=(), snapshots=None):
         """`name`: the session's id (its alerts' ids are made of it); `watches`: standing conditions in words, judged
-        on every clip (more may be added while it runs: `self.watches`)."""
+        on every clip (more may be added while it runs: `self.watches`); `snapshots`: the folder of its alerts' frames
+        without a session folder (the app's)."""
         self.settings, self.folder = settings, folder
         resume_at, before = (0, 0.0), []
 
@@ -108,7 +109,7 @@ class HostedSession(LiveSession):
                 folder.close(folder.store)
             raise BadInput(one_line(err).removeprefix("--")) from err
         try:
-            self.watches = session_watches(name or label, watches, folder, resume_at[0])
+            self.watches = session_watches(name or label, watches, folder, resume_at[0], snapshots=snapshots)
         except ValueError as err:
             stream.session.close()
             if folder is not None:

@@ -246,3 +246,36 @@ def test_the_detectors_boxes_are_drawn_and_the_toggle_hides_them(new_page):
     wait(lambda: not page.is_visible("#seen"))
     page.locator("#boxes-on input").check()
     wait(lambda: page.query_selector("#seen img") is not None and page.is_visible("#seen"))
+
+
+def test_a_watch_alerts_in_the_chat_the_list_and_the_graph_and_a_picked_alert_is_asked_about(new_page):
+    page = new_page()
+    assert page.inner_text("#watches").startswith("watching nothing: type what to watch for")
+    for text, said in (("is the door open?", "⚠ watch 'is the door open?' names nothing the object detector counts"),
+                       ("a car", "Watching for 'a car' from the first clip once you press Start")):
+        before = len(messages(page))
+        page.fill("#watch textarea", text)
+        page.click("#watch-go")
+        assert said in wait(lambda: next((m for m in messages(page)[before:] if "atch" in m), None))  # noqa: B023
+    assert "a car (from Start)" in page.inner_text("#watches")
+    start(page)
+    play(page)
+    alert = wait(lambda: next((m for m in messages(page) if re.match(r"\[[\d.]+ s\] ALERT ", m)), None), 90)
+    assert re.match(r"\[\d+\.\d s\] ALERT a car: .*car.* \(clip \d+; ", alert), alert  # what fired, on which clip, why
+    wait(lambda: page.is_visible("#alerts") and page.query_selector("#alerts img") is not None)
+    assert "a car (1 alert)" in page.inner_text("#watches")
+    wait(lambda: 'series: alert"' in plot_svg(page))  # the alert marked on the memory graph's time axis
+    before = len(messages(page))
+    page.fill("#watch textarea", "a person")  # set while the session runs: judged from the next clip on
+    page.click("#watch-go")
+    wait(lambda: any("Watching for 'a person' from the next clip on" in m for m in messages(page)[before:]))
+    wait(lambda: "a person (" in page.inner_text("#watches"))
+    time.sleep(1)
+    page.screenshot(path=str(ARTEFACTS / "app-alerts.png"), full_page=True)
+    before = len(messages(page))
+    page.locator("#alerts img").first.click()  # the alert's frame, and the question about its moment
+    wait(lambda: page.inner_text("#seen").startswith("Alert · "))
+    answer = wait(lambda: next((m for m in messages(page)[before:] if re.search(r"s to first token|⚠", m)), None), 90)
+    assert any(re.fullmatch(r"what happened at 0:\d\d\?", m) for m in messages(page)[before:]), messages(page)[before:]
+    assert "s to first token" in answer, answer
+    page.locator("#alerts").screenshot(path=str(DOCS / "app-alerts.png"))

@@ -3,13 +3,15 @@ the page's timer reports (`Handlers.tick` with a real `gr.Video`), read back thr
 from. No browser: tests/test_app_browser.py looks at the same plots in Chromium."""
 
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
 
 from app.handlers import Handlers, answered
 from app.ui import build
-from app.views import FULL, KV, RSS, STORE, STORE_CAP, WEIGHTS, numbers, store_of
+from app.views import ALERT, FULL, KV, RSS, STORE, STORE_CAP, WEIGHTS, numbers, store_of
 from streaming.events import Done
 
 
@@ -21,18 +23,28 @@ def until(done, timeout=120.0):
     return value
 
 
-def tick(chat, position, history=()):
-    """One tick of the page's timer: (plots' updates and the note's, numbers, chat, detector view)."""
-    return Handlers.tick(gr.Video(playback_position=position), chat, list(history), True)
+def tick(chat, position, history=(), watched=()):
+    """One tick of the page's timer: (plots' updates and the note's, numbers, chat, detector view, alerts list,
+    watches line)."""
+    return Handlers.tick(gr.Video(playback_position=position), chat, list(history), True, list(watched))
 
 
 @pytest.fixture(scope="module")
-def chat():
-    handlers = Handlers()
-    chat, history, _ = handlers.start(None, [], "Bundled clip", "bikes.mp4", None, 0, "tiny-vlm", "inf_mllm+recall",
-                                      "96", None, None)
+def handlers():
+    return Handlers()  # one host: the model loads once for the module's sessions
+
+
+def opened(handlers, watched=()):
+    chat, history, _ = handlers.start(None, list(watched), [], "Bundled clip", "bikes.mp4", None, 0, "tiny-vlm",
+                                      "inf_mllm+recall", "96", None, None)
     assert chat is not None, history
     tick(chat, 9.8)  # the player near the clip's end: frames up to 9 s may go in
+    return chat
+
+
+@pytest.fixture(scope="module")
+def chat(handlers):
+    chat = opened(handlers)
     assert until(lambda: chat.telemetry()["clips"] >= 4)
     yield chat
     handlers.release(chat)
@@ -45,7 +57,7 @@ def test_before_a_session_a_note_stands_where_the_plots_will_be():
     assert all(not p.visible and p.title and p.y_lim == [0, None] for p in plots.values())  # hidden; memory from 0
     note = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "graphs-note")
     assert note.visible and "press **Start**" in note.value
-    updates = Handlers.tick(None, None, [], True)
+    updates = Handlers.tick(None, None, [], True, [])
     assert all(u == gr.skip() for u in updates[:4])  # no session: plots and note stay as they are
     assert updates[4] == numbers(None) == "No session yet: pick a source and press **Start**."
 
@@ -54,7 +66,7 @@ def test_the_kv_line_is_drawn_last_and_the_store_is_plotted_with_its_bound(chat)
     tokens, mb, process, note, stats = tick(chat, 9.8)[:5]
     assert tokens["visible"] and mb["visible"] and process["visible"] and note == gr.update(visible=False)
     drawn = list(dict.fromkeys(tokens["value"]["series"]))  # the plot draws series in the order they come
-    assert drawn == ["budget", FULL, KV]  # the KV line on top of the budget it sits at
+    assert drawn == ["budget", FULL, KV, ALERT]  # the KV line on top of the budget it sits at; alerts' marks over all
     assert tokens["value"].query("series == 'budget'")["value"].eq(96).all()
     assert list(dict.fromkeys(process["value"]["series"])) == [STORE_CAP, WEIGHTS, STORE, RSS]
     frame, store = process["value"], store_of(chat)
@@ -94,3 +106,37 @@ def test_an_answer_read_off_the_clip_log_shows_no_tokens_per_second(chat):
     modelled = answer("what is on screen?")
     assert modelled.source == "model" and f"{modelled.tokens_per_s:.0f} tokens/s" in answered("", modelled)
     assert "tokens/s" in numbers(chat).split("**last answer**")[1]
+
+
+def test_a_watch_is_read_when_typed_and_its_alert_is_said_listed_marked_and_asked_about(handlers):
+    refused = [Handlers.watch(None, [], [], text)[1][-1]["content"] for text in ("  ", "is the door open?")]
+    assert refused[0].startswith("⚠ Type what to watch for first") and "names nothing the object detector" in refused[1]
+    watched, history, box, line = Handlers.watch(None, [], [], "two people")  # before Start: kept for it
+    assert watched == ["two people"] and box == ""
+    assert "from the first clip once you press Start" in history[-1]["content"]
+    assert "two people (from Start)" in line
+    chat = opened(handlers, ["a car"])  # set on the page before Start: bikes.mp4's first clip shows cars
+    try:
+        watched_session(chat)
+    finally:
+        handlers.release(chat)
+
+
+def watched_session(chat):
+    assert until(lambda: chat.watches.alerts)  # the car in clip 1
+    alert = chat.watches.alerts[0]
+    plots, _, _, _, _, said, _, listed, watches = tick(chat, 9.8, watched=["a car"])
+    assert any(m["content"].startswith(f"[{alert['video_t']:.1f} s] ALERT **a car**: ") for m in said), said
+    assert tick(chat, 9.8)[5] == gr.skip() and tick(chat, 9.8)[7] == gr.skip()  # said and listed once
+    assert listed["visible"] and Path(listed["value"][-1][0]).read_bytes()[:2] == b"\xff\xd8"  # the oldest last: a JPEG
+    assert listed["value"][-1][1].startswith(f"0:0{alert['video_t']:.0f} a car: ")
+    marks = plots["value"].query(f"series == '{ALERT}'")
+    top = plots["value"]["value"].max()
+    at_alert = [v for t, v in zip(marks["video_s"], marks["value"], strict=True) if t == alert["video_t"]]
+    assert at_alert[:3] == [0, top, 0]
+    assert "a car (" in watches and "alert" in watches
+    question, frame = Handlers.pick(chat, SimpleNamespace(index=len(chat.listed) - 1))
+    assert question == f"what happened at 0:{int(alert['snapshot_t'] or alert['start']):02d}?"
+    assert frame["value"][0] == alert["snapshot"] and frame["label"].startswith("Alert · ")
+    assert tick(chat, 9.8)[6] == gr.skip()  # the picked frame stays a while, not replaced by the newest clip's
+    assert Handlers.pick(chat, SimpleNamespace(index=99)) == (gr.skip(), gr.skip())
