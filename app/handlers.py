@@ -198,15 +198,17 @@ class Handlers:
             if len(watched) >= MAX_WATCHES:
                 raise ValueError(f"at most {MAX_WATCHES} watches on a stream")
             running = chat is not None and not chat.finished.is_set()
-            if running:
-                chat.watches.add(text)
-            else:
-                watcher(text, 0)  # read now (a watch that cannot be watched is said at once), set when Start opens one
+            # read now (a watch that cannot be watched is said at once); set when Start opens a session, if none runs
+            watch = (chat.watches.add(text) if running else watcher(text, 0)).watch
         except ValueError as err:
             return watched, say(history, f"⚠ {one_line(err)}"), gr.skip(), gr.skip()
         watched = [*watched, text]
         when = "from the next clip on" if running else "from the first clip once you press Start"
-        note = f"Watching for {text!r} {when}: an alert is said here, listed under the chat and marked on the graph."
+        where = f" where the detector counts {' and '.join(watch.things)}" if watch.things else ""
+        asked = f" (the model is asked {watch.question!r} after each clip{where})"
+        how = "" if watch.judged_by == "detector" else asked
+        note = f"Watching for {text!r} {when}{how}: an alert is said here, listed under the chat and marked on the " \
+               "graph."
         return watched, say(history, note), "", watching(chat if running else None, watched)
 
     @staticmethod

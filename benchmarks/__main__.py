@@ -12,9 +12,10 @@ reliability rows run against the same server) and decode_ab (a lone session's an
 checkout against `--old-tree`, interleaved), now (answers about the frames sent and about the present, through
 stream-qa, the app's path, the server's native, chat-completions and Realtime routes), packed (clip turns of
 several streams in one forward against one a round), watch (detector-backed watches over the natural hour:
-precision, recall, latency, false alerts, the re-arm settings swept). latency, hf_models,
-compiled_decode, sdpa_backends,
-streams and link_time take `--shape` (a randomly initialised 7B-sized model) and `--device`."""
+precision, recall, latency, false alerts, the re-arm settings swept), watch_model (the same kinds as the model's
+yes/no questions: precision, recall, the cache and answers against a stream without watches, 16 watches' cost).
+latency, hf_models, compiled_decode, sdpa_backends, streams and link_time take `--shape` (a randomly initialised
+7B-sized model) and `--device`."""
 
 import argparse
 import importlib
@@ -24,7 +25,7 @@ import sys
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
          "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural", "fingerprint",
          "recall_path", "streams", "serve", "hf_template", "link_modes", "link_time", "ingest", "hostile", "decode_ab",
-         "now", "packed", "watch")
+         "now", "packed", "watch", "watch_model")
 
 
 def main(argv=None) -> int:

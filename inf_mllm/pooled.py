@@ -62,6 +62,9 @@ class PooledSession(TextTurns):
                                   keep, all_logits)
         return self.pool.question(self.session, input_ids, probe_ids=probe_ids, named=named, oracle=oracle, keep=keep)
 
+    def forget_question(self) -> None:
+        self.pool.call(self.session, self.session.forget_question)
+
     def generate(self, max_new_tokens: int = 64, **kwargs):
         return self.pool.generate(self.session, max_new_tokens, **kwargs)
 

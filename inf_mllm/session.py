@@ -113,6 +113,12 @@ class StreamSession(TextTurns):
         if self.recall is not None:
             recall_.unlink(self.cache)
 
+    def forget_question(self) -> None:
+        """A question asked with keep=False leaves now, with its answer, not when the next turn begins (a watch's side
+        question: the cache is as it was before it)."""
+        self._forget_question()
+        self.exchange = None
+
     def _forget_question(self) -> None:
         """A question asked with keep=False leaves, with its answer, as the next turn begins."""
         if self._forget_at is not None:

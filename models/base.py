@@ -260,6 +260,18 @@ class VideoAdapter(ABC):
                                            self.model.generation_config.eos_token_id, max_new_tokens, self._cost)
         return self.stream_answer(session, max_new_tokens, **kwargs)
 
+    def yes_or_no(self, session: StreamSession, question: str, **kwargs) -> str:
+        """A watch's side question about the clip just in: its answer held to "yes" or "no" (in the few tokens they
+        take), and the question with its answer gone from the cache once answered (`forget_question`), so the cache,
+        and what the stream answers later, are as they would be without the watch."""
+        phrases = ["yes", "no", "Yes", "No"]
+        budget = max(self._cost(phrase) for phrase in phrases)
+        constraint = Phrases(phrases, self._vocabulary(), self.model.generation_config.eos_token_id, budget, self._cost)
+        try:
+            return self.answer(session, question, max_new_tokens=budget, constraint=constraint, keep=False, **kwargs)
+        finally:
+            session.forget_question()
+
     def answer_words(self, session: StreamSession, question: str) -> list[str] | None:
         """The words a "what" answer may name, for a model whose answers copy its turns' words (`copies_words`): those
         of the clips the question (as the model reads it, `phrase`) is about, each spelled as the clip holds it, so an

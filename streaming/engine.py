@@ -34,7 +34,7 @@ from .errors import is_user_error, one_line
 from .events import Alert, ClipSeen, Done, Dropped, Started, Token
 from .ingest import END, WAKE, Clip, Ingest, Reached, Telemetry, shown  # noqa: F401 (Clip, shown: the engine's words too)
 from .questions import Question, Schedule
-from .watches import alert_answer
+from .watches import alert_answer, model_refusal
 
 
 @dataclass
@@ -69,6 +69,11 @@ def is_out_of_memory(err: BaseException) -> bool:
     return isinstance(err, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
 
 
+def _names_no_clip(meta: dict) -> bool:
+    """What a watch's question names of the stored clips: none (it is about the clip just in)."""
+    return False
+
+
 def _stderr_warning(text: str) -> None:
     print(f"warning: {text}", file=sys.stderr, flush=True)
 
@@ -99,12 +104,24 @@ class TurnEngine:
         self._failed_in_a_row = self._oom_attempts = 0
         self._floor: int | None = None
         self.log: list[dict] = []  # metas of the clips this run appended (`clip_log`)
-        self.watches = None  # the stream's watches (streaming/watches.py), judged on each clip that goes in
+        self._watches = None
         self.fired: list[dict] = []  # the alerts the newest clip fired
         self.cuts = Cuts()  # the times questions were asked at: the open clip closes there (clips.py)
         self.through = 0.0  # every frame at or before this video time is in the cache
         self.last_frame_t: float | None = None  # the newest frame in the cache
         self.asked_t = 0.0  # the video time of the answer being given (`stamp`)
+
+    @property
+    def watches(self):
+        """The stream's watches (streaming/watches.py), judged on each clip that goes in (None: none)."""
+        return self._watches
+
+    @watches.setter
+    def watches(self, watches) -> None:
+        """ValueError (one line) for a watch the model must judge on a stream whose policy keeps every question."""
+        if watches is not None and (why := model_refusal(self.session.cache.policy)) is not None:
+            watches.refuse_model(why)
+        self._watches = watches
 
     def resume(self, at: tuple[int, float]) -> None:
         """Continue a session after what its folder stored: (clips already seen, their video time)."""
@@ -180,8 +197,20 @@ class TurnEngine:
             self.last_frame_t = clip.last
         if appended:
             self.telemetry.clips += 1
-        self.fired = self.watches.judge(self.log[-1], clip) if appended and self.watches is not None else []
+        self.fired = self.watches.judge(self.log[-1], clip, self.side_question) \
+            if appended and self.watches is not None else []
         return appended
+
+    def side_question(self, text: str) -> str | None:
+        """A watch's yes/no question about the clip just in (`VideoAdapter.yes_or_no`: it leaves the cache with its
+        answer); None, with one warning line, when it fails (the watch stays as it was; the stream goes on)."""
+        try:
+            # about the clip just in: recall links nothing for it (as for any question about the present)
+            extra = {"named": _names_no_clip} if self.session.recall is not None else {}
+            return self.adapter.yes_or_no(self.session, text, **extra)
+        except Exception as err:  # noqa: BLE001 (a fault in one watch's question must not end the stream)
+            self.warn(f"the watch question {text[:60]!r} failed: {one_line(err)}")
+            return None
 
     def clip_log(self) -> list[dict]:
         """Every clip's meta, by clip index: the clips of this run, and a resumed session's stored ones."""

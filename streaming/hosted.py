@@ -109,13 +109,13 @@ class HostedSession(LiveSession):
                 folder.close(folder.store)
             raise BadInput(one_line(err).removeprefix("--")) from err
         try:
-            self.watches = session_watches(name or label, watches, folder, resume_at[0], snapshots=snapshots)
+            self.watches = stream.engine.watches = session_watches(name or label, watches, folder, resume_at[0],
+                                                                   snapshots=snapshots)
         except ValueError as err:
             stream.session.close()
             if folder is not None:
                 folder.close(folder.store)
             raise BadInput(one_line(err)) from None
-        stream.engine.watches = self.watches
         try:
             super().__init__(stream.adapter, stream.session, make_source, label, answers_after_end=answers_after_end,
                              resume_at=resume_at, transcript=before, engine=stream.engine)

@@ -22,8 +22,10 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from inf_mllm.policies import parts as policy_parts
+from inf_mllm.spec import as_spec
 from models.intent import clock
-from models.watch import Watch, description, judge, provenance, read_watch
+from models.watch import Watch, asks_model, description, judge, provenance, read_watch
 
 REARM_CLIPS = 2  # clips in a row without the condition before a watch can fire again
 COOLDOWN_S = 30.0  # video seconds after an alert before the same watch can fire again
@@ -48,9 +50,10 @@ class Watcher:
     def __post_init__(self):
         self.armed = not self.watch.leaves  # a thing can only leave once it has been seen
 
-    def step(self, meta: dict) -> dict | None:
-        """The clip's evidence when the watch fires on it, else None."""
-        holds, evidence = judge(self.watch, meta)
+    def step(self, meta: dict, said: str | None = None) -> dict | None:
+        """The clip's evidence when the watch fires on it, else None; `said`: the model's answer to the watch's
+        question after the clip, where judging it takes one (`asks_model`)."""
+        holds, evidence = judge(self.watch, meta, said)
         signal = not holds if self.watch.leaves else holds
         if not signal:
             self.calm += 1
@@ -78,11 +81,7 @@ class Watcher:
 def watcher(text: str, index: int, rearm_clips: int = REARM_CLIPS, cooldown_s: float = COOLDOWN_S,
             since: int = 0) -> Watcher:
     """A watcher for a watch given in words; ValueError (one line) for one that cannot be watched."""
-    watch = read_watch(text)
-    if watch.judged_by == "model":
-        raise ValueError(f"watch {watch.text[:60]!r} names nothing the object detector counts (a person, a car, a "
-                         f"dog, a bicycle …); watches the model judges are not built yet")
-    return Watcher(watch, index, rearm_clips, cooldown_s, since)
+    return Watcher(read_watch(text), index, rearm_clips, cooldown_s, since)
 
 
 def read_watches(texts, rearm_clips: int = REARM_CLIPS, cooldown_s: float = COOLDOWN_S) -> list[Watcher]:
@@ -119,6 +118,7 @@ class Watches:
         self.alerts: list[dict] = []  # every alert, in order (a resumed session's stored ones first)
         self.clip = 0  # the newest clip judged
         self.lock = threading.Lock()
+        self.no_model: str | None = None  # why this stream's model cannot be asked a watch's question (`refuse_model`)
 
     @classmethod
     def restore(cls, rows: list[dict], session: str, folder=None, snapshots=None) -> "Watches":
@@ -137,9 +137,21 @@ class Watches:
                 raise ValueError(f"at most {MAX_WATCHES} watches on a stream; remove one first")
             added = watcher(text, max((w.index for w in self.watchers), default=-1) + 1, rearm_clips, cooldown_s,
                             self.clip)
+            self._check(added)
             self.watchers.append(added)
             self.save()
             return added
+
+    def refuse_model(self, why: str) -> None:
+        """The stream cannot ask its model a watch's question (`why`, one line): a watch that needs the model is
+        refused, now (ValueError for the first one it has) and when added."""
+        self.no_model = why
+        for watcher_ in self.watchers:
+            self._check(watcher_)
+
+    def _check(self, watcher_: Watcher) -> None:
+        if self.no_model is not None and watcher_.watch.judged_by != "detector":
+            raise ValueError(f"watch {watcher_.watch.text[:60]!r} needs the model's answer, and {self.no_model}")
 
     def remove(self, index: int) -> Watcher | None:
         with self.lock:
@@ -158,14 +170,21 @@ class Watches:
         if self.folder is not None:
             self.folder.save_watches([w.as_dict() for w in self.watchers])
 
-    def judge(self, meta: dict, clip=None) -> list[dict]:
+    def judge(self, meta: dict, clip=None, ask=None) -> list[dict]:
         """The alerts the clip (its clip-log entry, and the `ingest.Clip` whose frames the snapshots show) fires, each
-        written to the session folder first."""
+        written to the session folder first. `ask(question) -> answer` asks the model a watch's yes/no question about
+        the clip, for the watches that need it (outside the lock: the server lists and adds watches meanwhile); a
+        watch that needs it, judged without it, stays as it was."""
+        with self.lock:
+            asking = {w.index: w.watch.question for w in self.watchers if not w.done and asks_model(w.watch, meta)}
+        said = {index: ask(question) for index, question in asking.items()} if ask is not None else {}
         fired = []
         with self.lock:
             self.clip = max(self.clip, meta["clip"])
             for watcher_ in self.watchers:
-                evidence = watcher_.step(meta)
+                if watcher_.index in asking and watcher_.index not in said:
+                    continue
+                evidence = watcher_.step(meta, said.get(watcher_.index))
                 if evidence is None:
                     continue
                 alert_ = alert_record(self.session, watcher_, meta, evidence)
@@ -177,19 +196,22 @@ class Watches:
         return fired
 
     def replay(self, clips: list[dict], stored: list[dict]) -> None:
-        """A resumed session: the stored clips each watch had judged, judged again without alerting; then the alerts
-        stored past them."""
+        """A resumed session: the stored clips each watch had judged, judged again without alerting (a watch the model
+        judges cannot be asked about a clip gone by: its stored alerts alone say how it stood); then the alerts stored
+        past them."""
         with self.lock:
             for meta in clips:
                 self.clip = max(self.clip, meta["clip"])
                 for watcher_ in self.watchers:
-                    if meta["clip"] > watcher_.since:
+                    if meta["clip"] > watcher_.since and watcher_.watch.judged_by == "detector":
                         watcher_.step(meta)
             self.alerts = list(stored) + self.alerts  # "when did the alert fire?" is answered across the restart
             by_id = {w.index: w for w in self.watchers}
             for alert_ in stored:
-                if alert_.get("clip", 0) > self.clip and alert_.get("watch_id") in by_id:
-                    by_id[alert_["watch_id"]].fired(alert_)
+                watcher_ = by_id.get(alert_.get("watch_id"))
+                past = alert_.get("clip", 0) > self.clip
+                if watcher_ is not None and (past or watcher_.watch.judged_by != "detector"):
+                    watcher_.fired(alert_)
 
     def _snapshot(self, name: str, clip, meta: dict, evidence: dict) -> tuple[str | None, float | None]:
         """The frame the evidence was counted in (the clip's last, for something that left), with that frame's boxes,
@@ -271,9 +293,20 @@ def check_watches(args) -> list[Watcher]:
     except UrlRefused as err:
         raise ValueError(f"--webhook: {err}") from None
     try:
-        return read_watches(args.watch, args.watch_rearm, args.watch_cooldown)
+        watchers = Watches(read_watches(args.watch, args.watch_rearm, args.watch_cooldown), "")
+        if getattr(args, "policy", None) and (why := model_refusal(policy_parts(as_spec(args.policy))[0])):
+            watchers.refuse_model(why)
+        return watchers.watchers
     except ValueError as err:
         raise ValueError(f"--watch: {err}") from None
+
+
+def model_refusal(policy) -> str | None:
+    """Why a stream on `policy` (a cache policy, or its class) cannot ask its model a watch's question; None when it
+    can (the question and its answer leave the cache at the next turn: a policy evicting while decoding keeps them)."""
+    if not policy.evict_while_decoding:
+        return None
+    return f"policy {policy.name} evicts while decoding: use one that evicts at turn boundaries"
 
 
 def session_watches(name: str, texts=(), folder=None, through: int = 0, rearm_clips: int = REARM_CLIPS,

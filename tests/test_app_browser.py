@@ -251,7 +251,7 @@ def test_the_detectors_boxes_are_drawn_and_the_toggle_hides_them(new_page):
 def test_a_watch_alerts_in_the_chat_the_list_and_the_graph_and_a_picked_alert_is_asked_about(new_page):
     page = new_page()
     assert page.inner_text("#watches").startswith("watching nothing: type what to watch for")
-    for text, said in (("is the door open?", "⚠ watch 'is the door open?' names nothing the object detector counts"),
+    for text, said in (("x" * 201, "⚠ a watch is at most 200 characters"),
                        ("a car", "Watching for 'a car' from the first clip once you press Start")):
         before = len(messages(page))
         page.fill("#watch textarea", text)

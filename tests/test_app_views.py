@@ -109,8 +109,9 @@ def test_an_answer_read_off_the_clip_log_shows_no_tokens_per_second(chat):
 
 
 def test_a_watch_is_read_when_typed_and_its_alert_is_said_listed_marked_and_asked_about(handlers):
-    refused = [Handlers.watch(None, [], [], text)[1][-1]["content"] for text in ("  ", "is the door open?")]
-    assert refused[0].startswith("⚠ Type what to watch for first") and "names nothing the object detector" in refused[1]
+    said = [Handlers.watch(None, [], [], text)[1][-1]["content"] for text in ("  ", "x" * 201, "is the door open?")]
+    assert said[0].startswith("⚠ Type what to watch for first") and "⚠ a watch is at most 200 characters" in said[1]
+    assert "the model is asked 'is the door open?' after each clip" in said[2]
     watched, history, box, line = Handlers.watch(None, [], [], "two people")  # before Start: kept for it
     assert watched == ["two people"] and box == ""
     assert "from the first clip once you press Start" in history[-1]["content"]

@@ -80,6 +80,8 @@ def test_a_watch_set_with_a_session_alerts_its_listeners_and_is_kept_with_the_se
     try:
         added = http.post(f"/v1/sessions/{sid}/watches", json={"text": "the car leaves", "rearm_clips": 1})
         assert added.status_code == 201 and added.json()["id"] == 1 and added.json()["watching"] == "car leaves"
+        asked = http.post(f"/v1/sessions/{sid}/watches", json={"text": "a parking meter"})  # no detector counts one
+        assert asked.status_code == 201 and asked.json()["judged_by"] == "model", asked.text
         for frame in FileSource(bundled_clip(), fps=1.0):  # 10 real frames of bikes.mp4, 0..9 s
             assert http.post(f"/v1/sessions/{sid}/frames", params={"t": frame.t}, content=jpeg(frame.rgb),
                              headers={"Content-Type": "image/jpeg"}).status_code == 202
@@ -90,6 +92,12 @@ def test_a_watch_set_with_a_session_alerts_its_listeners_and_is_kept_with_the_se
         clips = own.of("clip")
         first_person = next(c["clip"] for c in clips if c["objects"].get("person"))
         assert [(a["alert"], a["clip"]) for a in alerts if a["alert"] == "a person"] == [("a person", first_person)]
+        # the model said yes after a clip whose words hold a parking meter (bikes.mp4's last seconds), and only there
+        words = {c["clip"]: c["seen"] for c in clips}
+        metered = [a for a in alerts if a["watch_id"] == 2]
+        assert metered and all("parking meter" in words[a["clip"]] and a["evidence"]["model"]["answer"] == "yes" and
+                               a["provenance"] == f"the model's answer after clip {a['clip']}" for a in metered)
+        assert "parking meter" not in " ".join(w for k, w in words.items() if k < metered[0]["clip"])
         assert all(a["session"] == sid and a["id"] and a["description"] for a in alerts)
         # each listener heard each alert once, after the clip that fired it
         for listener in (own, everyone):
@@ -100,9 +108,10 @@ def test_a_watch_set_with_a_session_alerts_its_listeners_and_is_kept_with_the_se
         assert {c["session"] for c in everyone.of("clip")} == {sid}
         watches = http.get(f"/v1/sessions/{sid}/watches").json()
         assert [(w["id"], w["text"], w["alerts"]) for w in watches] == \
-            [(0, "a person", 1), (1, "the car leaves", sum(a["watch_id"] == 1 for a in alerts))]
+            [(0, "a person", 1), (1, "the car leaves", sum(a["watch_id"] == 1 for a in alerts)),
+             (2, "a parking meter", len(metered))]
         assert http.delete(f"/v1/sessions/{sid}/watches/1").json()["removed"] == 1
-        assert [w["id"] for w in http.get(f"/v1/sessions/{sid}/watches").json()] == [0]
+        assert [w["id"] for w in http.get(f"/v1/sessions/{sid}/watches").json()] == [0, 2]
         assert http.delete(f"/v1/sessions/{sid}/watches/1").status_code == 404
         metrics = http.get("/metrics").text
         assert f"stream_qa_alerts_total {float(len(alerts))}" in metrics
@@ -123,7 +132,7 @@ def test_a_watch_set_with_a_session_alerts_its_listeners_and_is_kept_with_the_se
 @pytest.mark.parametrize("body, status, said", [
     ({"text": ""}, 422, "text"),
     ({"text": "x" * 10_000}, 422, "text"),
-    ({"text": "is the door open?"}, 400, "watches the model judges are not built yet"),
+    ({"text": "a person\u0007"}, 400, "a watch is words: it cannot hold control characters"),
     ({"text": "a person", "colour": "red"}, 422, "unknown field; known fields: text, cooldown_s, rearm_clips"),
     ({"text": "a person", "cooldown_s": -1}, 422, "cooldown_s"),
     ({"text": "a person", "rearm_clips": 0}, 422, "rearm_clips"),
@@ -158,8 +167,10 @@ def test_watches_are_bounded_and_the_event_feeds_need_the_token(server):
     with httpx.Client(base_url=url, headers=AUTH, timeout=60) as http:
         too_many = http.post("/v1/sessions", json={"watches": [f"{n} cars" for n in range(65)]})
         assert too_many.status_code == 422 and "watches" in too_many.json()["error"]
-        unwatchable = http.post("/v1/sessions", json={"watches": ["is it raining?"]})
-        assert unwatchable.status_code == 400 and "not built yet" in unwatchable.json()["error"]
+        # a watch only the model judges: its question would stay in the cache of a policy evicting while decoding
+        unwatchable = http.post("/v1/sessions", json={"watches": ["is it raining?"], "policy": "h2o"})
+        assert unwatchable.status_code == 400 and "needs the model's answer, and policy h2o" in \
+            unwatchable.json()["error"]
         sid = http.post("/v1/sessions", json={"watches": [f"{n + 1} cars" for n in range(64)]}).json()["id"]
         try:
             full = http.post(f"/v1/sessions/{sid}/watches", json={"text": "a person"})

@@ -38,9 +38,50 @@ def test_a_watch_in_plain_words_names_the_detectors_things(text, things, at_leas
     assert watch.judged_by == "detector"
 
 
+@pytest.mark.parametrize("text, judged_by, question", [
+    ("is the door open?", "model", "is the door open?"),
+    ("Tell me when the garage door is open @once", "model", "is the garage door open?"),
+    ("it is raining", "model", "is it raining?"),
+    ("a parking meter", "model", "is there a parking meter?"),
+    ("is someone lying on the floor?", "detector+model", "is someone lying on the floor?"),
+    ("a dog on the sofa", "detector+model", "is there a dog on the sofa?"),
+    ("a person at the door", "detector", "is there a person at the door?"),
+])
+def test_a_watch_naming_more_than_the_detector_counts_is_the_models_yes_or_no_question(text, judged_by, question):
+    watch = read_watch(text)
+    assert (watch.judged_by, watch.question) == (judged_by, question)
+
+
+def test_a_model_judged_watch_fires_on_its_first_yes_and_a_confirmed_one_asks_only_where_the_counts_hold():
+    asked = []
+
+    def answers(*said):  # the model's answers, in order, to whatever it is asked
+        replies = iter(said)
+        return lambda question: asked.append(question) or next(replies)
+
+    door = Watches(read_watches(["the door is open"], 1, 0), "s")
+    ask = answers("no", "yes", "Yes", "no", "yes")
+    fired = [a for k in range(1, 6) for a in door.judge(clip(k), ask=ask)]
+    assert [a["clip"] for a in fired] == [2, 5] and asked == ["is the door open?"] * 5
+    assert fired[0]["description"] == "yes: is the door open?"
+    assert fired[0]["provenance"] == "the model's answer after clip 2"
+    assert fired[0]["evidence"] == {"model": {"asked": "is the door open?", "answer": "yes"}}
+    # a question that failed (None) or was not asked leaves the watch as it was: the next yes is still its first
+    failed = Watches(read_watches(["the door is open"], 1, 0), "s")
+    assert failed.judge(clip(1), ask=lambda q: None) == [] and failed.judge(clip(2)) == []
+    assert [a["clip"] for a in failed.judge(clip(3), ask=lambda q: "yes")] == [3]
+    # verified: asked only on the clips that count a person, fired where the model says yes to the whole sentence
+    asked.clear()
+    lying = Watches(read_watches(["a person lying on the floor"], 1, 0), "s")
+    ask = answers("no", "yes")
+    fired = [a for meta in (clip(1), clip(2, person=1), clip(3), clip(4, person=1)) for a in lying.judge(meta, ask=ask)]
+    assert asked == ["is there a person lying on the floor?"] * 2 and [a["clip"] for a in fired] == [4]
+    assert fired[0]["description"] == "a person, and the model says yes: is there a person lying on the floor?"
+    assert fired[0]["provenance"].endswith("a person in the frame at 0:12, confirmed by the model's answer")
+
+
 @pytest.mark.parametrize("text, said", [
     ("", "needs words"), ("   @once", "needs words"), ("a person " * 40, "at most 200 characters"),
-    ("is the door open?", "watches the model judges are not built yet"),
 ])
 def test_a_watch_that_cannot_be_watched_is_refused_in_one_line(text, said):
     with pytest.raises(ValueError, match=said) as err:
@@ -137,7 +178,7 @@ def test_stream_qa_watch_alerts_in_the_clip_that_first_shows_it_with_a_snapshot_
 @pytest.mark.parametrize("args, said", [
     (["--watch", ""], "--watch: a watch needs words"),
     (["--watch", "x" * 10_000], "at most 200 characters"),
-    (["--watch", "is the door open?"], "watches the model judges are not built yet"),
+    (["--watch", "is the door open?", "--policy", "h2o"], "needs the model's answer, and policy h2o evicts while"),
     ([f"--watch=person {i}" for i in range(1000)], "at most 64 watches"),
     (["--watch", "a person", "--watch-cooldown", "-1"], "--watch-cooldown must be"),
     (["--watch", "a person", "--watch-rearm", "0"], "--watch-rearm must be"),
@@ -222,3 +263,36 @@ def test_webhooks_never_wait_for_a_slow_receiver_nor_follow_a_redirect_nor_reach
         assert refused.counts["failed"] == 1 and len(slow.posts) == 6  # nothing reached the refused address
     finally:
         slow.close()
+
+
+def test_the_real_model_answers_a_watch_after_each_clip_and_its_question_leaves_no_trace_in_the_stream(vlm):
+    """The real tiny-vlm on bikes.mp4: "a parking meter" (no detector counts one) fires on clip 3, the clip whose words
+    hold it, and not before; the stream's own answers, clip log and cache after every clip are those of the same run
+    without the watch (each watch's question left the cache with its answer)."""
+    from streaming.engine import TurnEngine
+    from streaming.questions import Question, Schedule
+    from streaming.sources import FileSource, bundled_clip
+    from streaming.watches import session_watches
+
+    def run(watches):
+        engine = TurnEngine(vlm, vlm.new_session("inf_mllm+recall", budget=512), clip_seconds=4.0)
+        engine.watches = session_watches("bikes", watches)
+        kv, alerts = [], []
+        schedule = Schedule([Question("is there a bicycle?", 6.0), Question("what is on screen?", 9.0),
+                             Question("is there a parking meter?")])
+
+        def seen(_clip):
+            kv.append(engine.session.kv_tokens)
+            alerts.extend(engine.fired)
+
+        answers = [(a.video_t, a.answer, a.kv_tokens) for a in
+                   engine.run(FileSource(bundled_clip(), fps=1.0), schedule, on_clip=seen)]
+        return answers, [{k: m[k] for k in ("clip", "start", "end", "seen")} for m in engine.log], kv, alerts
+
+    plain = run([])
+    watched = run(["a parking meter", "a person with a helmet"])
+    assert watched[:3] == plain[:3]
+    assert [(a["alert"], a["clip"], a["description"]) for a in watched[3]] == \
+        [("a parking meter", 3, "yes: is there a parking meter?")]
+    words = [meta["seen"] for meta in watched[1]]
+    assert "parking meter" in words[2] and "parking meter" not in words[0] + words[1]

@@ -1,0 +1,97 @@
+"""Model-backed watches over the natural hour: `python -m benchmarks watch_model [--quick] [--tokens CLIPS]`.
+
+The montage and its truth are `watch`'s; here each kind is watched as the model's own yes/no question ("is there a
+person?") after every clip, a side question that leaves the cache with its answer, instead of by the detector's counts.
+Two streams take the same clips through the real `TurnEngine` with tiny-vlm, one with the six model watches and one
+with none, and every 25 clips both are asked "what is on screen?": the watches are scored as `watch` scores them
+(precision, recall, false alerts an hour), and the streams' answers and caches are compared clip by clip (the watched
+one must hold what the plain one holds: the same KV tokens after every clip, the same answers). The cost: the first
+60 clips again with 16 model watches against none, each clip's turn and judging timed, set beside the clip's
+perception (`watch.see_seconds`) as the share of a clip's ingest the watches add. Writes `watch_model.json`.
+"""
+
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from models.tiny_vlm.model import TinyVLM
+from models.watch import Watch
+from streaming.engine import Clip, TurnEngine
+from streaming.questions import Question
+from streaming.watches import Watcher, Watches
+
+from .common import machine, print_table, record, write
+from .natural import CLIP_S, HOUR_CLIPS, compose, encode_pieces, pieces
+from .watch import BUDGET, KINDS, score, see_seconds
+
+ASKED_EVERY = 25  # clips between the streams' own questions
+COST_CLIPS = 60
+# 16 questions for the cost run: the six kinds and ten things the detector does not count
+COST_WATCHES = [*KINDS, "a traffic light", "a parking meter", "a street sign", "a tree", "a bench", "a boat", "a bird",
+                "a horse", "a truck", "a helmet"]
+
+
+def model_watches(texts, session: str) -> Watches:
+    """Each text watched as the model's yes/no question, whatever the detector counts (`Watch` with no things)."""
+    return Watches([Watcher(Watch(text, ()), i, cooldown_s=30.0) for i, text in enumerate(texts)], session)
+
+
+def stream(vlm, visual, order, watches, ask: bool = True, desc: str = "streaming"):
+    """The clips through a fresh stream with `watches`: (alert clips by watch, KV tokens after each clip, its answers,
+    each clip's turn and judging in seconds)."""
+    engine = TurnEngine(vlm, vlm.new_session("inf_mllm+recall", budget=BUDGET), clip_seconds=CLIP_S)
+    engine.watches = watches
+    fired = {w.watch.text: [] for w in watches.watchers} if watches is not None else {}
+    kv, answers, spent = [], [], []
+    with torch.inference_mode():
+        for k, name in enumerate(tqdm(order, desc=desc, unit="clip")):
+            t0 = time.perf_counter()
+            engine.feed(Clip(k + 1, k * CLIP_S, (k + 1) * CLIP_S, visual[name], 0.0))
+            spent.append(time.perf_counter() - t0)
+            kv.append(engine.session.kv_tokens)
+            for alert in engine.fired:
+                fired[alert["alert"]].append(k)
+            if ask and (k + 1) % ASKED_EVERY == 0:
+                answers.append(engine.answer(Question("what is on screen?")).answer)
+    return fired, kv, answers, spent
+
+
+def run(args):
+    clips = int(args.tokens) if getattr(args, "tokens", None) else (150 if args.quick else HOUR_CLIPS)
+    table, order = pieces(), compose(random.Random(0), clips)
+    truth = {text: [thing in table[name].things for name in order] for text, thing in KINDS.items()}
+    vlm = TinyVLM()
+    visual = encode_pieces(vlm, set(order))
+    fired, kv, answers, _ = stream(vlm, visual, order, model_watches(KINDS, "bench-model"), desc="6 model watches")
+    _, kv_plain, answers_plain, _ = stream(vlm, visual, order, None, desc="no watch")
+    recs = []
+    for text, clips_fired in fired.items():
+        for metric, value in score(clips_fired, truth[text]).items():
+            if value is not None:
+                recs.append(record("watch_model", f"model watch: {text}", BUDGET, metric, float(value),
+                                   "tiny-vlm's yes after a clip; re-arm 2 clips, cooldown 30 s"))
+    same_kv = sum(a == b for a, b in zip(kv, kv_plain, strict=True))
+    same_answers = sum(a == b for a, b in zip(answers, answers_plain, strict=True))
+    recs += [record("watch_model", "6 model watches", BUDGET, "clips_same_kv", same_kv, f"of {clips}"),
+             record("watch_model", "6 model watches", BUDGET, "max_kv_tokens", max(kv), f"budget {BUDGET}"),
+             record("watch_model", "no watch", BUDGET, "max_kv_tokens", max(kv_plain), f"budget {BUDGET}"),
+             record("watch_model", "6 model watches", BUDGET, "answers_same", same_answers,
+                    f"of {len(answers)} 'what is on screen?' asked every {ASKED_EVERY} clips")]
+    first = order[:COST_CLIPS]
+    *_, with_16 = stream(vlm, visual, first, model_watches(COST_WATCHES, "bench-16"), ask=False, desc="16 watches")
+    *_, with_none = stream(vlm, visual, first, None, ask=False, desc="no watch")
+    perception = statistics.median(see_seconds(vlm, sorted(set(first))[:12]).values())  # 12 pieces: it is steady
+    turn_16, turn_0 = statistics.median(with_16), statistics.median(with_none)
+    recs += [record("watch_model", "16 model watches", BUDGET, "turn_s", turn_16, "median clip turn + judging"),
+             record("watch_model", "no watch", BUDGET, "turn_s", turn_0, "median clip turn"),
+             record("watch_model", "stream", BUDGET, "perception_s", perception, "median perception of a clip"),
+             record("watch_model", "16 model watches", BUDGET, "ratio", (perception + turn_16) /
+                    (perception + turn_0), "a clip's perception + turn with 16 watches / with none")]
+    write(Path(args.out), "watch_model", recs, [])
+    print(f"watch_model: {clips} clips of {CLIP_S:g} s, {machine().get('cpu')}")
+    print_table(recs, ["precision", "recall", "latency_clips", "false_per_hour", "clips_same_kv", "max_kv_tokens",
+                       "answers_same", "turn_s", "perception_s", "ratio"])
