@@ -182,8 +182,8 @@ class Watches:
         with self.lock:
             self.clip = max(self.clip, meta["clip"])
             for watcher_ in self.watchers:
-                if watcher_.index in asking and watcher_.index not in said:
-                    continue
+                if watcher_.index not in said and asks_model(watcher_.watch, meta):
+                    continue  # not asked (no model here, a failed question, or added since the questions went out)
                 evidence = watcher_.step(meta, said.get(watcher_.index))
                 if evidence is None:
                     continue
