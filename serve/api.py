@@ -17,6 +17,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from streaming.hosted import Host
+from streaming.mqtt import Mqtt
 from streaming.webhooks import Webhooks
 
 from . import docs, errors
@@ -41,6 +42,10 @@ def create_app(config: ServerConfig | None = None, held=None, host: Host | None 
     if hooks is not None:
         srv.sessions.events.add(hooks)
         metrics.webhooks = hooks.counts
+    broker = Mqtt(config.mqtt, config.url_policy, warn=_warning) if config.mqtt else None
+    if broker is not None:
+        srv.sessions.events.add(broker)
+        metrics.mqtt = broker.counts
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -50,8 +55,9 @@ def create_app(config: ServerConfig | None = None, held=None, host: Host | None 
         yield
         sweeper.cancel()
         await run_in_threadpool(srv.sessions.close_all)
-        if hooks is not None:
-            await run_in_threadpool(hooks.close)
+        for deliverer in (hooks, broker):
+            if deliverer is not None:
+                await run_in_threadpool(deliverer.close)
 
     app = FastAPI(title="stream-qa server", lifespan=lifespan, version="1", docs_url=None, redoc_url=None,
                   description="Questions about live video, answered from a bounded KV cache (Inf-MLLM).")

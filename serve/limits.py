@@ -26,6 +26,7 @@ class ServerConfig:
     max_headers: int = 100  # headers in one request; their total size is capped by the HTTP parser (64 KB)
     realtime_fps: float = 60.0  # frames one Realtime connection may send a second
     webhooks: tuple[str, ...] = ()  # every session's alerts POSTed here (under `url_policy`)
+    mqtt: str | None = None  # every session's alerts published to this broker (under `url_policy`)
 
     POSITIVE = ("max_sessions", "max_questions", "max_session_questions", "max_upload_mb", "idle_s", "max_json_kb",
                 "max_headers", "realtime_fps")

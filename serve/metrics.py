@@ -31,6 +31,10 @@ class Metrics:
                                    "(delivered, retried attempts, failed, dropped: the queue was full)", ["outcome"],
                                    registry=r)
         self.webhooks: dict = {}  # the server's webhooks' counts (streaming.webhooks.Webhooks.counts)
+        self.mqtt_gauge = Gauge("stream_qa_mqtt_messages", "Alert messages for the MQTT broker, by what became of them "
+                                "(queued for it, delivered: acknowledged, dropped: the broker away too long)",
+                                ["outcome"], registry=r)
+        self.mqtt: dict = {}  # the server's broker's counts (streaming.mqtt.Mqtt.counts)
         self.refused = Counter("stream_qa_refused", "Requests refused with 429", ["reason"], registry=r)
 
     def answered(self, answer, telemetry: dict) -> None:
@@ -44,6 +48,8 @@ class Metrics:
         self.sessions.set(len(sessions))
         for outcome, n in self.webhooks.items():
             self.webhook_gauge.labels(outcome).set(n)
+        for outcome, n in self.mqtt.items():
+            self.mqtt_gauge.labels(outcome).set(n)
         self.kv_bytes.clear()
         for hosted in sessions:
             live = hosted.live.session

@@ -59,7 +59,7 @@ from .streams import (
     sources_of,
     stream_folders,
 )
-from .watches import add_watch_options, check_watches, watching, webhooks
+from .watches import add_watch_options, check_watches, deliverers, watching
 
 # a file's run: longer clips and a larger budget than a hosted session's (the settings' own defaults)
 FILE_DEFAULTS = {"budget": "512", "clip_seconds": 4.0}
@@ -289,7 +289,7 @@ def _run_here(args, out, source, said: str, folder, questions: tuple, soak, vide
 
 def _stream(args, out, engine, source, schedule, soak, folder, pool) -> int:
     """The engine's run, its clips and answers printed (and kept in the session folder) as they come."""
-    printed = Printed(args, out, engine, folder, webhooks(args))
+    printed = Printed(args, out, engine, folder, deliverers(args, engine.watches))
     try:
         if soak:
             _, on_token, on_answer = engine.relay(printed)
@@ -298,8 +298,8 @@ def _stream(args, out, engine, source, schedule, soak, folder, pool) -> int:
     finally:
         if isinstance(schedule, StdinQuestions):
             schedule.close()
-        if printed.webhooks is not None:
-            printed.webhooks.close()  # what is queued goes out first (a few seconds at most)
+        for deliverer in printed.deliverers:
+            deliverer.close()  # what is queued goes out first (a few seconds at most)
         pool.close()  # the round under way ends first: nothing is written to the folder after it closes
         if folder is not None:
             folder.close(engine.session.store)

@@ -50,8 +50,8 @@ class Printed(Handler):
     `--json --clips`), each question and its answer's text as it comes, then the answer's record line; the clips and
     the answers kept in the session folder (`folder`) first."""
 
-    def __init__(self, args, out, engine, folder=None, webhooks=None):
-        self.args, self.out, self.engine, self.folder, self.webhooks = args, out, engine, folder, webhooks
+    def __init__(self, args, out, engine, folder=None, deliverers=()):
+        self.args, self.out, self.engine, self.folder, self.deliverers = args, out, engine, folder, list(deliverers)
 
     def on_clip_seen(self, event: ClipSeen) -> None:
         print(clip_line(event.clip, self.engine.session, self.engine.telemetry), file=sys.stderr)
@@ -61,8 +61,8 @@ class Printed(Handler):
             self.folder.write_clip(event.clip)
 
     def on_alert(self, event: Alert) -> None:  # in the folder already (`Watches.judge`)
-        if self.webhooks is not None:
-            self.webhooks.put(event)  # queued: a slow receiver never holds up the stream
+        for deliverer in self.deliverers:  # webhooks, a broker: queued, so a slow receiver never holds up the stream
+            deliverer.put(event)
         self.out.write((json.dumps(event.alert) if self.args.json else alert_line(event.alert)) + "\n")
         self.out.flush()
 

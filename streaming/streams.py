@@ -85,7 +85,8 @@ def open_folders(args, sources, defaults: dict) -> tuple[list, list]:
 
 def check_several(args, count: int) -> None:
     """What one run of several streams cannot do, said before anything loads."""
-    for flag, given in (("--soak", args.soak), ("--server", args.server), ("--webhook", args.webhook)):
+    for flag, given in (("--soak", args.soak), ("--server", args.server), ("--webhook", args.webhook),
+                        ("--mqtt", args.mqtt)):
         if given:
             raise UsageError(f"{flag} takes one source; {count} were given")
     if str(args.budget).strip().lower() == "auto":

@@ -273,6 +273,9 @@ def add_watch_options(parser) -> None:
                    help=f"clips in a row without the condition before a watch fires again (default {REARM_CLIPS})")
     w.add_argument("--webhook", action="append", default=[], metavar="URL",
                    help="POST each alert here as JSON (at least once, its id as Idempotency-Key); may be repeated")
+    w.add_argument("--mqtt", metavar="URL",
+                   help="publish each alert to this MQTT broker, mqtt://[USER:PASSWORD@]HOST[:PORT][/PREFIX], with "
+                        "Home Assistant's discovery (a binary sensor per watch)")
     w.add_argument("--snapshots", metavar="DIR",
                    help="write each alert's frame as DIR/ID.jpg (default: the session folder's alerts/, else none)")
 
@@ -283,15 +286,22 @@ def check_watches(args) -> list[Watcher]:
         raise ValueError(f"--watch-cooldown must be a number of seconds ≥ 0, got {args.watch_cooldown}")
     if args.watch_rearm < 1:
         raise ValueError(f"--watch-rearm must be a whole number ≥ 1, got {args.watch_rearm}")
+    from .mqtt import Mqtt
     from .urls import LOCAL, UrlRefused
     from .webhooks import Webhooks
 
-    if args.webhook and not args.watch:
-        raise ValueError("--webhook sends alerts: give a --watch too")
+    for flag, given in (("--webhook", args.webhook), ("--mqtt", getattr(args, "mqtt", None))):
+        if given and not args.watch:
+            raise ValueError(f"{flag} sends alerts: give a --watch too")
     try:
         Webhooks.check(args.webhook, LOCAL)
     except UrlRefused as err:
         raise ValueError(f"--webhook: {err}") from None
+    try:
+        if getattr(args, "mqtt", None):
+            Mqtt.check(args.mqtt, LOCAL)
+    except UrlRefused as err:
+        raise ValueError(f"--mqtt: {err}") from None
     try:
         watchers = Watches(read_watches(args.watch, args.watch_rearm, args.watch_cooldown), "")
         if getattr(args, "policy", None) and (why := model_refusal(policy_parts(as_spec(args.policy))[0])):
@@ -334,14 +344,26 @@ def watching(args, label: str, folder=None, through: int = 0) -> Watches | None:
     return watches if watches.watchers else None
 
 
-def webhooks(args):
-    """`stream-qa --webhook`'s deliverer (None without one): stream-qa's own URL rules (its user's machine: loopback
-    and private addresses allowed), its failures one warning line each."""
-    if not getattr(args, "webhook", None):
-        return None
+def deliverers(args, watches=None) -> list:
+    """`stream-qa`'s alert deliverers (`--webhook`, `--mqtt`; none without them): stream-qa's own URL rules (its
+    user's machine: loopback and private addresses allowed), their failures one warning line each; the broker told
+    of the stream's `watches` at once."""
     import sys
 
     from .urls import LOCAL
-    from .webhooks import Webhooks
 
-    return Webhooks(args.webhook, LOCAL, warn=lambda text: print(f"warning: {text}", file=sys.stderr, flush=True))
+    def warn(text):
+        print(f"warning: {text}", file=sys.stderr, flush=True)
+
+    out = []
+    if getattr(args, "webhook", None):
+        from .webhooks import Webhooks
+
+        out.append(Webhooks(args.webhook, LOCAL, warn=warn))
+    if getattr(args, "mqtt", None):
+        from .mqtt import Mqtt
+
+        out.append(Mqtt(args.mqtt, LOCAL, warn=warn))
+        if watches is not None:
+            out[-1].announce(watches.session, watches.watchers)
+    return out

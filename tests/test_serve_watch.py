@@ -151,14 +151,17 @@ def test_a_bad_watch_request_is_refused_in_one_line_and_the_session_keeps_its_wa
             http.delete(f"/v1/sessions/{sid}")
 
 
-def test_a_webhook_the_servers_rules_refuse_stops_it_before_it_loads_in_one_line():
+def test_a_webhook_or_broker_the_servers_rules_refuse_stops_it_before_it_loads_in_one_line():
     import subprocess
     import sys
 
-    for url, said in (("file:///etc/passwd", "http:// or https://"), ("http://127.0.0.1:9/x", "a loopback address"),
-                      ("http://[::1]:9/x", "a loopback address")):
-        out = subprocess.run([sys.executable, "-m", "serve", "--webhook", url], capture_output=True, text=True,
-                             timeout=120)
+    for flag, url, said in (("--webhook", "file:///etc/passwd", "http:// or https://"),
+                            ("--webhook", "http://127.0.0.1:9/x", "a loopback address"),
+                            ("--webhook", "http://[::1]:9/x", "a loopback address"),
+                            ("--mqtt", "mqtt://127.0.0.1:1883", "a loopback address"),
+                            ("--mqtt", "mqtt://10.0.0.5", "a private address"),
+                            ("--mqtt", "tcp://broker.example", "an mqtt:// or mqtts:// URL")):
+        out = subprocess.run([sys.executable, "-m", "serve", flag, url], capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and said in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 

@@ -187,6 +187,10 @@ def test_stream_qa_watch_alerts_in_the_clip_that_first_shows_it_with_a_snapshot_
     (["--watch", "a person", "--webhook", "file:///etc/passwd"], "a webhook is an http:// or https:// URL"),
     (["--watch", "a person", "--webhook", "ftp://127.0.0.1/x"], "a webhook is an http:// or https:// URL"),
     (["--watch", "a person", "--webhook", "http://:80/x"], "names no host"),
+    (["--mqtt", "mqtt://127.0.0.1:9"], "--mqtt sends alerts: give a --watch too"),
+    (["--watch", "a person", "--mqtt", "http://127.0.0.1/x"], "an MQTT broker is an mqtt:// or mqtts:// URL"),
+    (["--watch", "a person", "--mqtt", "mqtt://[::1"], "not a URL that can be read"),
+    (["--watch", "a person", "--mqtt", "mqtt://127.0.0.1/cams/+/x"], "holds a wildcard or an empty level"),
 ])
 def test_a_bad_watch_is_one_line_and_exit_2_before_the_model_loads(args, said):
     out = run_cli(*args, timeout=60)
