@@ -13,7 +13,7 @@ import contextlib
 import json
 import threading
 
-from streaming.events import Alert, ClipSeen, Dropped, Handler
+from streaming.events import Alert, ClipSeen, Dropped, Handler, WatchState
 from streaming.lines import clip_record
 
 MAX_QUEUED = 256  # events a receiver may be behind
@@ -107,6 +107,9 @@ class _Chunk(Handler):
 
     def on_alert(self, event: Alert) -> bytes:
         return sse("alert", {**event.alert, "session": self.session})
+
+    def on_watch_state(self, event: WatchState) -> bytes:
+        return sse("watch", {**event.state, "session": self.session})
 
     def on_dropped(self, event: Dropped) -> bytes:
         return sse("dropped", {"session": self.session, "clips": event.frames})

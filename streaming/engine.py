@@ -31,7 +31,7 @@ from models.base import Reading
 from . import budgets
 from .clips import Cuts
 from .errors import is_user_error, one_line
-from .events import Alert, ClipSeen, Done, Dropped, Started, Token
+from .events import Alert, ClipSeen, Done, Dropped, Started, Token, WatchState
 from .ingest import END, WAKE, Clip, Ingest, Reached, Telemetry, shown  # noqa: F401 (Clip, shown: the engine's words too)
 from .questions import Question, Schedule
 from .watches import alert_answer, model_refusal
@@ -106,6 +106,7 @@ class TurnEngine:
         self.log: list[dict] = []  # metas of the clips this run appended (`clip_log`)
         self._watches = None
         self.fired: list[dict] = []  # the alerts the newest clip fired
+        self.changed: list[dict] = []  # the watches whose condition it changed (`Watches.changed`)
         self.cuts = Cuts()  # the times questions were asked at: the open clip closes there (clips.py)
         self.through = 0.0  # every frame at or before this video time is in the cache
         self.last_frame_t: float | None = None  # the newest frame in the cache
@@ -197,8 +198,10 @@ class TurnEngine:
             self.last_frame_t = clip.last
         if appended:
             self.telemetry.clips += 1
-        self.fired = self.watches.judge(self.log[-1], clip, self.side_question) \
-            if appended and self.watches is not None else []
+        self.fired, self.changed = [], []
+        if appended and self.watches is not None:
+            self.fired = self.watches.judge(self.log[-1], clip, self.side_question)
+            self.changed = self.watches.changed
         return appended
 
     def side_question(self, text: str) -> str | None:
@@ -293,14 +296,13 @@ class TurnEngine:
     def relay(self, handler) -> tuple:
         """What `run` says, handed to `handler` as events (events.py): the run's callbacks (on_clip, on_token) and
         what to call with each answer it yields. Each clip is `ClipSeen` (its clip-log entry), with `Dropped` when
-        ingest dropped clips since the last, and an `Alert` for each watch it fired; each question `Started`, `Token`s,
-        then `Done`."""
+        ingest dropped clips since the last, an `Alert` for each watch it fired and a `WatchState` for each it changed;
+        each question `Started`, `Token`s, then `Done`."""
         said = {"dropped": self.telemetry.dropped}
 
         def on_clip(clip: Clip) -> None:
-            ClipSeen(self.log[-1]).to(handler)  # called once the clip went in: its entry is the newest
-            for alert in self.fired:
-                Alert(alert).to(handler)
+            for event in self.clip_events():
+                event.to(handler)
             if self.telemetry.dropped > said["dropped"]:
                 said["dropped"] = self.telemetry.dropped
                 Dropped(self.telemetry.dropped).to(handler)
@@ -309,6 +311,11 @@ class TurnEngine:
             (Started(self.asked_t, question.text) if piece is None else Token(piece)).to(handler)
 
         return on_clip, on_token, lambda answer: Done(answer, self.finish_reason(answer)).to(handler)
+
+    def clip_events(self) -> list:
+        """What the newest clip says, once it went in: `ClipSeen` (its entry), an `Alert` for each watch it fired and a
+        `WatchState` for each watch whose condition it changed."""
+        return [ClipSeen(self.log[-1]), *map(Alert, self.fired), *map(WatchState, self.changed)]
 
     def play(self, source, schedule: Schedule, handler) -> None:
         """`run`, with what it says handed to `handler` as events (`relay`)."""

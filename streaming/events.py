@@ -1,10 +1,10 @@
 """What a stream says, as typed events: one family for every front end.
 
 A question's queue (`LiveSession.ask`) receives `Started`, then `Token`s, then `Done` or `Unanswered`; a stream's
-subscribers (`LiveSession.subscribe`) receive `ClipSeen`, `Alert` and `Dropped`. A consumer (the CLI, the server's SSE,
-Realtime, chat completions, the app, the benchmarks) is a `Handler`: `event.to(handler)` calls the one method for
-the event's kind, so each consumer dispatches once, and a new kind of event (an alert) is one class here and one
-default method on `Handler`, never an `isinstance` ladder in the consumers. Light: nothing here loads torch.
+subscribers (`LiveSession.subscribe`) receive `ClipSeen`, `Alert`, `WatchState` and `Dropped`. A consumer (the CLI, the
+server's SSE, Realtime, chat completions, the app, the benchmarks) is a `Handler`: `event.to(handler)` calls the one
+method for the event's kind, so each consumer dispatches once, and a new kind of event (an alert) is one class here
+and one default method on `Handler`, never an `isinstance` ladder in the consumers. Light: nothing here loads torch.
 """
 
 from dataclasses import dataclass
@@ -34,6 +34,9 @@ class Handler:
         return None
 
     def on_alert(self, event: "Alert") -> Any:
+        return None
+
+    def on_watch_state(self, event: "WatchState") -> Any:
         return None
 
 
@@ -110,3 +113,13 @@ class Alert(Event):
 
     kind = "alert"
     alert: dict
+
+
+@dataclass(frozen=True)
+class WatchState(Event):
+    """A watch's condition changed on a clip: `state` (`streaming.watches.Watches.judge`: its session, watch id and
+    words, `holds`, the clip and its video time). It holds while its condition does (an alert is its rising edge when
+    armed); a home-automation sensor follows it."""
+
+    kind = "watch_state"
+    state: dict

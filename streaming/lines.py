@@ -5,7 +5,7 @@ text."""
 import json
 import sys
 
-from .events import Alert, ClipSeen, Done, Handler, Started, Token
+from .events import Alert, ClipSeen, Done, Handler, Started, Token, WatchState
 from .provenance import notes
 from .watches import alert_line
 
@@ -65,6 +65,10 @@ class Printed(Handler):
             deliverer.put(event)
         self.out.write((json.dumps(event.alert) if self.args.json else alert_line(event.alert)) + "\n")
         self.out.flush()
+
+    def on_watch_state(self, event: WatchState) -> None:
+        for deliverer in self.deliverers:  # a home-automation sensor follows the condition
+            deliverer.put(event)
 
     def on_started(self, event: Started) -> None:
         if not self.args.json:

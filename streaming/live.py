@@ -17,7 +17,7 @@ import psutil
 import torch
 
 from .engine import Answer, TurnEngine
-from .events import Alert, ClipSeen, Done, Dropped, Started, Token, Unanswered
+from .events import Done, Dropped, Started, Token, Unanswered
 from .questions import Question, Schedule
 
 
@@ -154,9 +154,8 @@ class LiveSession:
         self.shown = clip  # the newest clip in the cache: the app draws its last frame with the detector's boxes
         self._sample(clip.end, "clip")
         if self.subscribers:
-            self._tell(ClipSeen(self.engine.log[-1]))  # called once the clip went in: its entry is the newest
-            for alert in self.engine.fired:
-                self._tell(Alert(alert))
+            for event in self.engine.clip_events():  # called once the clip went in
+                self._tell(event)
             dropped = self.engine.telemetry.dropped
             if dropped > self._dropped:
                 self._dropped = dropped

@@ -2,14 +2,14 @@
 
 Frigate and the NVR tools publish to a broker the house already runs (Mosquitto beside Home Assistant); `Mqtt` does
 the same for a stream's alerts. `mqtt://[user:password@]host[:port][/prefix]` (`mqtts://` over TLS; the prefix,
-default `stream-qa`, heads every topic):
+default `stream_qa`, heads every topic):
 - `PREFIX/status`: `online` while connected, `offline` (retained, and the broker's will for a client that vanished);
 - `PREFIX/SESSION/alerts`: each alert's record as JSON (QoS 1: at least once; its `id` de-duplicates);
-- `PREFIX/SESSION/watch/WATCH_ID/state`: `ON` at each alert (QoS 1); Home Assistant turns it off by itself
-  (`off_delay`, the watch's cooldown); `…/WATCH_ID/alert`: that watch's alert record (the sensor's attributes);
+- `PREFIX/SESSION/watch/WATCH_ID/state`: `ON` while the watch's condition holds, `OFF` once it does not (retained,
+  QoS 1: `WatchState` events); `…/WATCH_ID/alert`: that watch's last alert record (the sensor's attributes);
 - `homeassistant/binary_sensor/stream_qa_SESSION_WATCH_ID/config` (retained): the discovery of one binary sensor per
   watch, its name the watch's words, its attributes the last alert, published when the watch is announced
-  (`stream-qa`'s at start) or at its first alert (a watch added on the server).
+  (`stream-qa`'s at start) or at its first alert or change (a watch added on the server).
 
 Never in the way of the stream: `put` hands the message to paho's own thread and returns; while the broker is away,
 paho keeps up to `MAX_QUEUED` messages and sends them when it is back (past that, an alert is dropped for MQTT and
@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import PurePosixPath
 
-from .events import Alert, Handler
+from .events import Alert, Handler, WatchState
 from .urls import UrlPolicy, UrlRefused, parse, redact
 
 MAX_QUEUED = 1000  # messages paho holds while the broker is away, at most
@@ -78,7 +78,7 @@ class Mqtt(Handler):
             raise UrlRefused(f"broker {redact(url)}: an MQTT broker is an mqtt:// or mqtts:// URL")
         parts = parse(url)
         where = dataclasses.replace(policy, schemes=tuple(PORTS)).addresses(url)
-        prefix = parts.path.strip("/") or "stream-qa"
+        prefix = parts.path.strip("/") or "stream_qa"
         if any(c in prefix for c in "+#") or "//" in prefix:
             raise UrlRefused(f"broker {redact(url)}: its topic prefix {prefix!r} holds a wildcard or an empty level")
         return where[0], parts.port or PORTS[parts.scheme.lower()], prefix
@@ -86,7 +86,7 @@ class Mqtt(Handler):
     def announce(self, session: str, watchers) -> None:
         """Home Assistant's discovery for each of a stream's watches (`streaming.watches.Watcher`s), retained."""
         for w in watchers:
-            self._discover(session, w.index, w.watch.text, w.cooldown_s)
+            self._discover(session, w.index, w.watch.text)
 
     def put(self, event, session: str | None = None) -> None:
         """From any thread: an alert published (other events are not MQTT's)."""
@@ -94,12 +94,17 @@ class Mqtt(Handler):
 
     def on_alert(self, event: Alert) -> None:
         alert = event.alert
-        self._discover(alert["session"], alert["watch_id"], alert["alert"], None)
+        self._discover(alert["session"], alert["watch_id"], alert["alert"])
         base = f"{self.prefix}/{topic_part(alert['session'])}"
         record = json.dumps(alert)
         self._publish(f"{base}/alerts", record)
         self._publish(f"{base}/watch/{alert['watch_id']}/alert", record)
-        self._publish(f"{base}/watch/{alert['watch_id']}/state", "ON")
+
+    def on_watch_state(self, event: WatchState) -> None:
+        state = event.state
+        self._discover(state["session"], state["watch_id"], state["watch"])
+        self._publish(f"{self.prefix}/{topic_part(state['session'])}/watch/{state['watch_id']}/state",
+                      "ON" if state["holds"] else "OFF", retain=True)
 
     def close(self, wait_s: float = 5.0) -> None:
         """Stop once what is queued is published (or after `wait_s`), saying `offline` first."""
@@ -130,7 +135,7 @@ class Mqtt(Handler):
                 self._waiting.discard(mid)
                 self.counts["delivered"] += 1
 
-    def _discover(self, session: str, watch_id: int, text: str, cooldown_s: float | None) -> None:
+    def _discover(self, session: str, watch_id: int, text: str) -> None:
         with self._lock:
             if (session, watch_id) in self._announced:
                 return
@@ -138,8 +143,8 @@ class Mqtt(Handler):
         name = f"stream_qa_{topic_part(session)}_{watch_id}"
         base = f"{self.prefix}/{topic_part(session)}"
         config = {"name": text, "unique_id": name, "object_id": name, "state_topic": f"{base}/watch/{watch_id}/state",
-                  "json_attributes_topic": f"{base}/watch/{watch_id}/alert", "off_delay": int(cooldown_s or 30),
-                  "device_class": "occupancy", "availability_topic": f"{self.prefix}/status",
+                  "json_attributes_topic": f"{base}/watch/{watch_id}/alert", "device_class": "occupancy",
+                  "availability_topic": f"{self.prefix}/status",
                   "device": {"identifiers": [f"stream_qa_{topic_part(session)}"], "name": f"stream-qa {session}",
                              "manufacturer": "stream-qa"}}
         self._publish(f"{DISCOVERY}/binary_sensor/{name}/config", json.dumps(config), retain=True)

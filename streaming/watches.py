@@ -46,6 +46,7 @@ class Watcher:
     fired_t: float | None = None  # the video time of its last alert
     done: bool = False  # an `@once` watch that fired
     alerts: int = 0
+    holds: bool = False  # its condition, on the last clip judged (a thing leaving: gone since its alert)
 
     def __post_init__(self):
         self.armed = not self.watch.leaves  # a thing can only leave once it has been seen
@@ -55,6 +56,7 @@ class Watcher:
         question after the clip, where judging it takes one (`asks_model`)."""
         holds, evidence = judge(self.watch, meta, said)
         signal = not holds if self.watch.leaves else holds
+        self.holds = signal and (self.holds or not self.watch.leaves)  # a thing that left: from its alert on
         if not signal:
             self.calm += 1
             self.armed = self.armed or self.calm >= self.rearm_clips
@@ -64,6 +66,7 @@ class Watcher:
         if self.done or not self.armed or not cooled:
             return None
         self.armed, self.fired_t, self.done, self.alerts = False, meta["end"], self.watch.once, self.alerts + 1
+        self.holds = True
         return evidence
 
     def fired(self, alert: dict) -> None:
@@ -117,6 +120,7 @@ class Watches:
         self.snapshots = Path(snapshots) if snapshots else (folder.alerts_path if folder is not None else None)
         self.alerts: list[dict] = []  # every alert, in order (a resumed session's stored ones first)
         self.clip = 0  # the newest clip judged
+        self.changed: list[dict] = []  # the watches whose condition the newest clip changed (`WatchState`'s)
         self.lock = threading.Lock()
         self.no_model: str | None = None  # why this stream's model cannot be asked a watch's question (`refuse_model`)
 
@@ -178,13 +182,18 @@ class Watches:
         with self.lock:
             asking = {w.index: w.watch.question for w in self.watchers if not w.done and asks_model(w.watch, meta)}
         said = {index: ask(question) for index, question in asking.items()} if ask is not None else {}
-        fired = []
+        fired, self.changed = [], []
         with self.lock:
             self.clip = max(self.clip, meta["clip"])
             for watcher_ in self.watchers:
                 if watcher_.index not in said and asks_model(watcher_.watch, meta):
                     continue  # not asked (no model here, a failed question, or added since the questions went out)
+                before = watcher_.holds
                 evidence = watcher_.step(meta, said.get(watcher_.index))
+                if watcher_.holds != before:
+                    self.changed.append({"session": self.session, "watch_id": watcher_.index,
+                                         "watch": watcher_.watch.text, "holds": watcher_.holds, "clip": meta["clip"],
+                                         "video_t": meta["end"]})
                 if evidence is None:
                     continue
                 alert_ = alert_record(self.session, watcher_, meta, evidence)

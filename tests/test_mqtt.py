@@ -99,8 +99,8 @@ def test_stream_qa_publishes_each_alert_its_state_and_home_assistants_discovery(
         assert [a["alert"] for a in printed] == ["a car", "a person"]  # bikes.mp4: cars from clip 1, the cyclist in 2
         heard = [json.loads(body) for _, body, _ in listener.wait("bikes/alerts", 2)]
         assert heard == printed  # each record as stream-qa printed it, on cams/bikes/alerts
-        for a in printed:
-            assert [body for _, body, _ in listener.topics(f"bikes/watch/{a['watch_id']}/state")] == ["ON"]
+        for a in printed:  # each watch's state: ON from its alert's clip, OFF at the last clip (it shows neither)
+            assert [body for _, body, _ in listener.topics(f"bikes/watch/{a['watch_id']}/state")] == ["ON", "OFF"]
             assert json.loads(listener.topics(f"bikes/watch/{a['watch_id']}/alert")[0][1])["id"] == a["id"]
         assert [body for _, body, _ in listener.wait("cams/status", 2)] == ["online", "offline"]
     finally:
@@ -111,9 +111,10 @@ def test_stream_qa_publishes_each_alert_its_state_and_home_assistants_discovery(
         configs = {topic: json.loads(body) for topic, body, retained in late.wait("/config", 2) if retained}
         assert set(configs) == {f"homeassistant/binary_sensor/stream_qa_bikes_{i}/config" for i in (0, 1)}
         car = configs["homeassistant/binary_sensor/stream_qa_bikes_0/config"]
-        assert (car["name"], car["state_topic"], car["availability_topic"], car["off_delay"]) == \
-            ("a car", "cams/bikes/watch/0/state", "cams/status", 30)
+        assert (car["name"], car["state_topic"], car["availability_topic"], car["device_class"]) == \
+            ("a car", "cams/bikes/watch/0/state", "cams/status", "occupancy")
         assert late.wait("cams/status", 1)[0][1:] == ("offline", True)
+        assert [m[1:] for m in late.wait("/state", 2)] == [("OFF", True)] * 2
     finally:
         late.close()
 
@@ -142,15 +143,15 @@ def test_alerts_published_while_the_broker_is_away_arrive_once_it_is_back_and_ov
     finally:
         publisher.close()
         listener.close()
-    assert publisher.counts == {"queued": 13, "delivered": 13, "dropped": 0}  # a discovery, then 3 an alert
+    assert publisher.counts == {"queued": 9, "delivered": 9, "dropped": 0}  # a discovery, then 2 an alert
     # a broker away longer than the publisher keeps messages for: the overflow dropped, counted and said
     broker.stop()
     small = Mqtt(f"mqtt://127.0.0.1:{broker.port}", LOCAL, warn=said.append, max_queued=4)
     try:
         for k in range(3):
             small.put(alert(k))
-        assert small.counts["dropped"] == 6 and small.counts["queued"] == 4
-        assert any("a message dropped (6 so far)" in line for line in said)
+        assert small.counts["dropped"] == 3 and small.counts["queued"] == 4
+        assert any("a message dropped (3 so far)" in line for line in said)
     finally:
         small.close(wait_s=0.5)
         broker.start()
@@ -181,12 +182,14 @@ def test_the_server_publishes_every_sessions_alerts_and_counts_them(broker, tmp_
             heard = [json.loads(body)["id"] for _, body, _ in listener.wait(f"srv/{sid}/alerts", len(alerts))]
             assert heard == [a["id"] for a in alerts]
             assert [topic for topic, _, _ in listener.topics("/config")] == \
-                [f"homeassistant/binary_sensor/stream_qa_{sid}_0/config"]  # announced at its first alert
+                [f"homeassistant/binary_sensor/stream_qa_{sid}_0/config"]  # announced at its first change
+            states = [body for _, body, _ in listener.wait(f"srv/{sid}/watch/0/state", 2)]
+            assert states == ["ON", "OFF"]  # the cars of bikes.mp4's first seconds, gone by its end
+            delivered = f'stream_qa_mqtt_messages{{outcome="delivered"}} {1.0 + 2 * len(alerts) + len(states)}'
             deadline = time.monotonic() + 10
-            while f'stream_qa_mqtt_messages{{outcome="delivered"}} {3.0 * len(alerts) + 1}' not in \
-                    (metrics := http.get("/metrics").text) and time.monotonic() < deadline:
+            while delivered not in (metrics := http.get("/metrics").text) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert f'stream_qa_mqtt_messages{{outcome="delivered"}} {3.0 * len(alerts) + 1}' in metrics
+            assert delivered in metrics
     finally:
         listener.close()
 

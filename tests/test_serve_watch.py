@@ -99,6 +99,9 @@ def test_a_watch_set_with_a_session_alerts_its_listeners_and_is_kept_with_the_se
                                a["provenance"] == f"the model's answer after clip {a['clip']}" for a in metered)
         assert "parking meter" not in " ".join(w for k, w in words.items() if k < metered[0]["clip"])
         assert all(a["session"] == sid and a["id"] and a["description"] for a in alerts)
+        # and each watch's condition as it changes: the person on from the clip that fired, off once gone
+        person = [(w["clip"], w["holds"]) for w in own.of("watch") if w["watch_id"] == 0]
+        assert person[0] == (first_person, True) and [h for _, h in person] == [True, False][: len(person)]
         # each listener heard each alert once, after the clip that fired it
         for listener in (own, everyone):
             heard = listener.of("alert")
