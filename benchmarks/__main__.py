@@ -13,7 +13,8 @@ checkout against `--old-tree`, interleaved), now (answers about the frames sent 
 stream-qa, the app's path, the server's native, chat-completions and Realtime routes), packed (clip turns of
 several streams in one forward against one a round), watch (detector-backed watches over the natural hour:
 precision, recall, latency, false alerts, the re-arm settings swept), watch_model (the same kinds as the model's
-yes/no questions: precision, recall, the cache and answers against a stream without watches, 16 watches' cost).
+yes/no questions: precision, recall, the cache and answers against a stream without watches, 16 watches' cost),
+watch_delivery (a stream's pace with its alerts handed to a 10-s webhook and to a broker that is gone).
 latency, hf_models, compiled_decode, sdpa_backends, streams and link_time take `--shape` (a randomly initialised
 7B-sized model) and `--device`."""
 
@@ -25,7 +26,7 @@ import sys
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
          "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural", "fingerprint",
          "recall_path", "streams", "serve", "hf_template", "link_modes", "link_time", "ingest", "hostile", "decode_ab",
-         "now", "packed", "watch", "watch_model")
+         "now", "packed", "watch", "watch_model", "watch_delivery")
 
 
 def main(argv=None) -> int:

@@ -232,3 +232,42 @@ def test_the_official_client_gets_a_proactive_answer_over_realtime_when_a_watch_
             if event.type == "response.done":
                 assert event.response.usage.model_extra["stream_qa"]["question"] == "is there a car?"
                 break
+
+
+@pytest.mark.slow
+def test_a_server_killed_and_restarted_continues_a_sessions_watches_and_keeps_its_alerts(tmp_path):
+    """A real server with --sessions, killed with SIGKILL after bikes.mp4's first clips; a new server on the same
+    folder resumes the session at its next request, its watches as they stood: the alert written before the kill is
+    kept, the car seen on does not fire again, and the cyclist that comes after does."""
+    import signal
+
+    sessions = tmp_path / "sessions"
+    frames = list(FileSource(bundled_clip(), fps=1.0))
+
+    def push(http, sid, part):
+        for frame in part:
+            assert http.post(f"/v1/sessions/{sid}/frames", params={"t": frame.t}, content=jpeg(frame.rgb),
+                             headers={"Content-Type": "image/jpeg"}).status_code == 202
+
+    with serving(tmp_path / "first", "--sessions", str(sessions)) as (url, _, process), \
+            httpx.Client(base_url=url, headers=AUTH, timeout=120) as http:
+        opened = http.post("/v1/sessions", json={"budget": "256", "clip_seconds": 2.0,
+                                                 "watches": ["a car", "a person"]})
+        sid = opened.json()["id"]
+        push(http, sid, frames[:4])  # 0..3 s: two clips with cars in, no one yet
+        deadline = time.monotonic() + 60
+        while not (before := http.get(f"/v1/sessions/{sid}/alerts").json()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [a["alert"] for a in before] == ["a car"]
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+    with serving(tmp_path / "second", "--sessions", str(sessions)) as (url, _, _), \
+            httpx.Client(base_url=url, headers=AUTH, timeout=120) as http:
+        assert [w["text"] for w in http.get(f"/v1/sessions/{sid}/watches").json()] == ["a car", "a person"]
+        push(http, sid, frames[4:])
+        http.post(f"/v1/sessions/{sid}/end")
+        assert http.post(f"/v1/sessions/{sid}/questions", json={"text": "is there a car?"}).status_code == 200
+        after = http.get(f"/v1/sessions/{sid}/alerts").json()
+    assert after[0] == before[0]  # kept, id and all
+    assert [a["alert"] for a in after] == ["a car", "a person"]  # the car went on being seen: no second car alert
+    assert len({a["id"] for a in after}) == len(after)
