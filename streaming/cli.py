@@ -59,7 +59,7 @@ from .streams import (
     sources_of,
     stream_folders,
 )
-from .watches import add_watch_options, check_watches, deliverers, watching
+from .watch_options import add_watch_options, check_watches, deliverers, watching
 
 # a file's run: longer clips and a larger budget than a hosted session's (the settings' own defaults)
 FILE_DEFAULTS = {"budget": "512", "clip_seconds": 4.0}

@@ -25,7 +25,8 @@ from .memory import MB, auto_budget
 from .provenance import notes
 from .session_dir import SETTINGS, SessionDir
 from .settings import settings_of
-from .watches import alert_line, watching
+from .watch_options import watching
+from .watches import alert_line
 
 SOURCE_KEYS = ("video", "webcam", "url")
 
