@@ -8,11 +8,11 @@ from streaming.watches import MAX_WATCHES
 PERSON = {"text": "a person"}
 
 
-def _add(body, kind: str = "application/json"):
-    """POST `body` (a dict, or raw bytes) to a fresh session's watches; the row fails if the session's watches changed
-    (a refusal that still added one)."""
+def _add(body, kind: str = "application/json", **settings):
+    """POST `body` (a dict, or raw bytes) to a fresh session's watches (opened with `settings`); the row fails if the
+    session's watches changed (a refusal that still added one)."""
     def send(ctx):
-        sid = ctx.open(budget="256", watches=["a car"])
+        sid = ctx.open(budget="256", watches=["a car"], **settings)
         try:
             path = f"/v1/sessions/{sid}/watches"
             got = ctx.http.post(path, content=body, headers={"content-type": kind}) if isinstance(body, bytes) \
@@ -26,8 +26,8 @@ def _add(body, kind: str = "application/json"):
     return send
 
 
-def _open(watches):
-    return lambda ctx: ctx.http.post("/v1/sessions", json={"budget": "256", "watches": watches})
+def _open(watches, **settings):
+    return lambda ctx: ctx.http.post("/v1/sessions", json={"budget": "256", "watches": watches, **settings})
 
 
 def _on(path: str, method: str = "get", closed: bool = False):
@@ -73,7 +73,8 @@ def rows(Row) -> list:
         Row("watch of spaces only", 400, _add({"text": "     "})),
         Row("watch that is only '@once'", 400, _add({"text": "@once"})),
         Row("watch with a NUL and control characters", 400, _add({"text": "a person\x00\x1b[2J"})),
-        Row("watch the detector cannot judge", 400, _add({"text": "is the door open?"})),
+        Row("watch the model judges, on a policy that keeps every question", 400,
+            _add({"text": "is the door open?"}, policy="h2o")),
         Row("watch with an unknown field", 422, _add(PERSON | {"webhook": "http://127.0.0.1/"})),
         Row("watch text that is a number", 422, _add({"text": 42})),
         Row("watch text that is a list", 422, _add({"text": ["a person"]})),
@@ -89,7 +90,8 @@ def rows(Row) -> list:
         Row("open with watches that are not a list", 422, _open("a person")),
         Row("open with 65 watches", 422, _open([f"{1 + i % 9} cars" for i in range(MAX_WATCHES + 1)])),
         Row("open with an empty watch", 422, _open([""])),
-        Row("open with a watch the detector cannot judge", 400, _open(["a person", "is it raining?"])),
+        Row("open with a watch the model judges, on a policy that keeps every question", 400,
+            _open(["a person", "is it raining?"], policy="h2o")),
         Row("watches of an unknown session", 404, lambda ctx: ctx.http.post("/v1/sessions/no-such-session/watches",
                                                                             json=PERSON)),
         Row("watch added to a closed session", 404, _on("/v1/sessions/{sid}/watches", closed=True)),
