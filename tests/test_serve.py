@@ -162,16 +162,17 @@ def test_a_session_with_a_folder_continues_in_a_new_server_after_a_kill(tmp_path
 @pytest.mark.slow  # ~26 s on 2 cores: out of `make test`, run by `make test-slow` in CI
 def test_at_twice_its_capacity_every_request_is_answered_or_refused_with_429(server):
     """A bounded load: 8 clients at once against 4 sessions (and 2 questions in flight), each opening, pushing the
-    clip, asking three questions and closing; then the server is still up and holds nothing."""
+    clip, asking three questions and closing; then the server is still up and holds none of theirs."""
     from benchmarks.serve import load
 
     url, _, process = server
+    held = httpx.get(f"{url}/healthz").json()["sessions"]  # the module's server: an earlier test's may still be open
     records = {(r["policy"], r["metric"]): r["value"]
                for r in load(url, process.pid, clients=8, waves=1, headers={"Authorization": f"Bearer {TOKEN}"})}
     assert records[("load", "errors")] == 0 and records[("load", "refused")] > 0
     assert records[("load answered", "requests")] >= 4 * 13  # the first 4 clients: open, 10 frames, end, close
     assert records[("load", "kv_tokens")] <= 256 + 50  # every session within its budget (+ question and answer)
-    assert httpx.get(f"{url}/healthz").json()["sessions"] == 0 and process.poll() is None
+    assert httpx.get(f"{url}/healthz").json()["sessions"] == held and process.poll() is None  # its 8 all released
 
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with PyGObject: GStreamer's RTSP server is a GObject library
