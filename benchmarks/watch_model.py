@@ -6,13 +6,15 @@ Two streams take the same clips through the real `TurnEngine` with tiny-vlm, one
 with none, and every 25 clips both are asked "what is on screen?": the watches are scored as `watch` scores them
 (precision, recall, false alerts an hour), and the streams' answers and caches are compared clip by clip (the watched
 one must hold what the plain one holds: the same KV tokens after every clip, the same answers). The cost: the first
-60 clips again with 16 model watches against none, each clip's turn and judging timed, set beside the clip's
-perception (`watch.see_seconds`) as the share of a clip's ingest the watches add. Writes `watch_model.json`.
+60 clips again with 16 model watches against none, their questions in shared forwards and one at a time, each clip's
+turn and judging timed, set beside the clip's perception (`watch.see_seconds`) as the share of a clip's ingest the
+watches add; and 4 streams x 4 watches on one pool against the same streams with none. Writes `watch_model.json`.
 """
 
 import random
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -30,6 +32,7 @@ from .watch import BUDGET, KINDS, score, see_seconds
 
 ASKED_EVERY = 25  # clips between the streams' own questions
 COST_CLIPS = 60
+POOL_CLIPS = 30
 # 16 questions for the cost run: the six kinds and ten things the detector does not count
 COST_WATCHES = [*KINDS, "a traffic light", "a parking meter", "a street sign", "a tree", "a bench", "a boat", "a bird",
                 "a horse", "a truck", "a helmet"]
@@ -60,6 +63,64 @@ def stream(vlm, visual, order, watches, ask: bool = True, desc: str = "streaming
     return fired, kv, answers, spent
 
 
+def cost(vlm, visual, first) -> list[dict]:
+    """16 model watches on one stream against none, their questions packed into shared forwards and (the way before
+    they were) one at a time, in the same run; each beside the clip's perception."""
+    *_, packed = stream(vlm, visual, first, model_watches(COST_WATCHES, "bench-16"), ask=False, desc="16 watches")
+    vlm.packs_side_questions = False
+    try:
+        *_, alone = stream(vlm, visual, first, model_watches(COST_WATCHES, "bench-16b"), ask=False,
+                           desc="16 watches, one at a time")
+    finally:
+        del vlm.packs_side_questions  # the class's own again
+    *_, none = stream(vlm, visual, first, None, ask=False, desc="no watch")
+    perception = statistics.median(see_seconds(vlm, sorted(set(first))[:12]).values())  # 12 pieces: it is steady
+    turn_0 = statistics.median(none)
+    recs = [record("watch_model", "no watch", BUDGET, "turn_s", turn_0, "median clip turn"),
+            record("watch_model", "stream", BUDGET, "perception_s", perception, "median perception of a clip")]
+    for name, spent in (("16 model watches", packed), ("16 model watches, one at a time", alone)):
+        turn = statistics.median(spent)
+        recs += [record("watch_model", name, BUDGET, "turn_s", turn, "median clip turn + judging"),
+                 record("watch_model", name, BUDGET, "ratio", (perception + turn) / (perception + turn_0),
+                        "a clip's perception + turn with 16 watches / with none")]
+    return recs
+
+
+def pool_cost(vlm, visual, first, streams: int = 4, watches: int = 4) -> list[dict]:
+    """4 streams x 4 model watches on one pool against the same 4 streams with none: each stream feeds the same clips
+    from a thread of its own (the pool packs their clip turns; each stream's questions share a forward), and a round
+    is the wall time from all four clips of a step given to all four judged."""
+    from inf_mllm.pool import SessionPool
+
+    def rounds(with_watches: bool) -> list[float]:
+        pool = SessionPool(vlm.model, vlm.tokenizer)
+        try:
+            engines = []
+            for n in range(streams):
+                engine = TurnEngine(vlm, pool.open(make=lambda: vlm.new_session("inf_mllm+recall", budget=BUDGET)),
+                                    clip_seconds=CLIP_S)
+                engine.watches = model_watches(COST_WATCHES[n * watches:(n + 1) * watches], f"pool-{n}") \
+                    if with_watches else None
+                engines.append(engine)
+            spent = []
+            with ThreadPoolExecutor(streams) as threads, torch.inference_mode():
+                for k, name in enumerate(tqdm(first, desc=f"pool, {'4' if with_watches else 'no'} watches a stream")):
+                    clip = Clip(k + 1, k * CLIP_S, (k + 1) * CLIP_S, visual[name], 0.0)
+                    t0 = time.perf_counter()
+                    list(threads.map(TurnEngine.feed, engines, [clip] * streams))
+                    spent.append(time.perf_counter() - t0)
+            return spent
+        finally:
+            pool.close()
+
+    watched, plain = statistics.median(rounds(True)), statistics.median(rounds(False))
+    label = f"{streams} streams x {watches} model watches, one pool"
+    each = f"median wall time of {streams} clips' turns"
+    return [record("watch_model", label, BUDGET, "round_ms", 1000 * watched, each),
+            record("watch_model", f"{streams} streams, no watch, one pool", BUDGET, "round_ms", 1000 * plain, each),
+            record("watch_model", label, BUDGET, "ratio", watched / plain, "round with watches / without")]
+
+
 def run(args):
     clips = int(args.tokens) if getattr(args, "tokens", None) else (150 if args.quick else HOUR_CLIPS)
     table, order = pieces(), compose(random.Random(0), clips)
@@ -81,17 +142,9 @@ def run(args):
              record("watch_model", "no watch", BUDGET, "max_kv_tokens", max(kv_plain), f"budget {BUDGET}"),
              record("watch_model", "6 model watches", BUDGET, "answers_same", same_answers,
                     f"of {len(answers)} 'what is on screen?' asked every {ASKED_EVERY} clips")]
-    first = order[:COST_CLIPS]
-    *_, with_16 = stream(vlm, visual, first, model_watches(COST_WATCHES, "bench-16"), ask=False, desc="16 watches")
-    *_, with_none = stream(vlm, visual, first, None, ask=False, desc="no watch")
-    perception = statistics.median(see_seconds(vlm, sorted(set(first))[:12]).values())  # 12 pieces: it is steady
-    turn_16, turn_0 = statistics.median(with_16), statistics.median(with_none)
-    recs += [record("watch_model", "16 model watches", BUDGET, "turn_s", turn_16, "median clip turn + judging"),
-             record("watch_model", "no watch", BUDGET, "turn_s", turn_0, "median clip turn"),
-             record("watch_model", "stream", BUDGET, "perception_s", perception, "median perception of a clip"),
-             record("watch_model", "16 model watches", BUDGET, "ratio", (perception + turn_16) /
-                    (perception + turn_0), "a clip's perception + turn with 16 watches / with none")]
+    recs += cost(vlm, visual, order[:COST_CLIPS])
+    recs += pool_cost(vlm, visual, order[:POOL_CLIPS])
     write(Path(args.out), "watch_model", recs, [])
     print(f"watch_model: {clips} clips of {CLIP_S:g} s, {machine().get('cpu')}")
     print_table(recs, ["precision", "recall", "latency_clips", "false_per_hour", "clips_same_kv", "max_kv_tokens",
-                       "answers_same", "turn_s", "perception_s", "ratio"])
+                       "answers_same", "turn_s", "perception_s", "ratio", "round_ms"])

@@ -65,6 +65,9 @@ class PooledSession(TextTurns):
     def forget_question(self) -> None:
         self.pool.call(self.session, self.session.forget_question)
 
+    def side_logits(self, questions: list[torch.Tensor]) -> torch.Tensor:
+        return self.pool.call(self.session, self.session.side_logits, questions)
+
     def generate(self, max_new_tokens: int = 64, **kwargs):
         return self.pool.generate(self.session, max_new_tokens, **kwargs)
 

@@ -20,6 +20,7 @@ from .decoding import HandOver
 from .positions import TurnPositions
 from .restore import restore
 from .rows import Row
+from .side import side_logits, why_not_packed
 from .spec import PolicySpec, Recall, as_spec
 from .store import SpanStore
 from .text import TextTurns
@@ -118,6 +119,16 @@ class StreamSession(TextTurns):
         question: the cache is as it was before it)."""
         self._forget_question()
         self.exchange = None
+
+    def side_logits(self, questions: list[torch.Tensor]) -> torch.Tensor:
+        """Several questions about the cache as it stands, in shared forwards (side.py: a stream's watches after a
+        clip), each one's next-token logits (K, V); nothing of them stays. ValueError where they cannot share one."""
+        self._end_answer()
+        self._forget_question()
+        if (why := why_not_packed(self)) is not None:
+            raise ValueError(f"side questions cannot share a forward here: {why}")
+        self.exchange, self.last_recalled = None, []
+        return side_logits(self, questions)
 
     def _forget_question(self) -> None:
         """A question asked with keep=False leaves, with its answer, as the next turn begins."""

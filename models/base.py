@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from inf_mllm.answer import Sampling
 from inf_mllm.decoding import Phrases, vocabulary
 from inf_mllm.session import StreamSession
+from inf_mllm.side import why_not_packed
 from inf_mllm.spec import PolicySpec
 
 from .intent import Intent, Resolution, linking, log_answer, read, resolve
@@ -86,6 +88,7 @@ class VideoAdapter(ABC):
     past_answers_stay: bool = True  # False: the engine's questions about a past clip leave with their answers
     detect: bool = True  # the object detector reads every clip's frames for the clip log (`see`); `--no-detect`
     copies_words: bool = False  # its "what" answers copy its turns' words: held to those of the clip asked about
+    packs_side_questions: bool = False  # its watches' questions may share forwards (side.py; proven for tiny-vlm)
     model: torch.nn.Module
     tokenizer: object
 
@@ -264,13 +267,27 @@ class VideoAdapter(ABC):
         """A watch's side question about the clip just in: its answer held to "yes" or "no" (in the few tokens they
         take), and the question with its answer gone from the cache once answered (`forget_question`), so the cache,
         and what the stream answers later, are as they would be without the watch."""
-        phrases = ["yes", "no", "Yes", "No"]
-        budget = max(self._cost(phrase) for phrase in phrases)
-        constraint = Phrases(phrases, self._vocabulary(), self.model.generation_config.eos_token_id, budget, self._cost)
         try:
-            return self.answer(session, question, max_new_tokens=budget, constraint=constraint, keep=False, **kwargs)
+            return self.answer(session, question, max_new_tokens=self._yes_no().budget, constraint=self._yes_no(),
+                               keep=False, **kwargs)
         finally:
             session.forget_question()
+
+    def yes_or_no_all(self, session: StreamSession, questions: list[str], **kwargs) -> list[str]:
+        """Every watch's side question about the clip just in, answered as `yes_or_no` answers each: in shared
+        forwards (`StreamSession.side_logits`) where each answer is one token and the session allows it, one after
+        another otherwise. `kwargs` (recall's `named`) are for the latter: a shared forward links nothing."""
+        if not self.packs_side_questions or self._yes_no().budget != 1 or why_not_packed(session) is not None:
+            return [self.yes_or_no(session, question, **kwargs) for question in questions]
+        logits = session.side_logits([self.question_turn(question, session) for question in questions])
+        picked = [int(Sampling(constraint=self._yes_no()).pick(row[None])[0]) for row in logits]
+        return [self.tokenizer.decode([token], skip_special_tokens=True).strip() for token in picked]
+
+    def _yes_no(self) -> Phrases:
+        """A fresh constraint to "yes" or "no" (it keeps the answer's text so far), in the fewest tokens they take."""
+        phrases = ["yes", "no", "Yes", "No"]
+        budget = max(self._cost(phrase) for phrase in phrases)
+        return Phrases(phrases, self._vocabulary(), self.model.generation_config.eos_token_id, budget, self._cost)
 
     def answer_words(self, session: StreamSession, question: str) -> list[str] | None:
         """The words a "what" answer may name, for a model whose answers copy its turns' words (`copies_words`): those

@@ -200,20 +200,20 @@ class TurnEngine:
             self.telemetry.clips += 1
         self.fired, self.changed = [], []
         if appended and self.watches is not None:
-            self.fired = self.watches.judge(self.log[-1], clip, self.side_question)
+            self.fired = self.watches.judge(self.log[-1], clip, self.side_questions)
             self.changed = self.watches.changed
         return appended
 
-    def side_question(self, text: str) -> str | None:
-        """A watch's yes/no question about the clip just in (`VideoAdapter.yes_or_no`: it leaves the cache with its
-        answer); None, with one warning line, when it fails (the watch stays as it was; the stream goes on)."""
+    def side_questions(self, texts: list[str]) -> list[str | None]:
+        """The watches' yes/no questions about the clip just in (`VideoAdapter.yes_or_no_all`: none stays in the
+        cache); all None, with one warning line, when they fail (the watches stay as they were; the stream goes on)."""
         try:
-            # about the clip just in: recall links nothing for it (as for any question about the present)
+            # about the clip just in: recall links nothing for them (as for any question about the present)
             extra = {"named": _names_no_clip} if self.session.recall is not None else {}
-            return self.adapter.yes_or_no(self.session, text, **extra)
-        except Exception as err:  # noqa: BLE001 (a fault in one watch's question must not end the stream)
-            self.warn(f"the watch question {text[:60]!r} failed: {one_line(err)}")
-            return None
+            return self.adapter.yes_or_no_all(self.session, texts, **extra)
+        except Exception as err:  # noqa: BLE001 (a fault in the watches' questions must not end the stream)
+            self.warn(f"the watch questions ({len(texts)}, the first {texts[0][:60]!r}) failed: {one_line(err)}")
+            return [None] * len(texts)
 
     def clip_log(self) -> list[dict]:
         """Every clip's meta, by clip index: the clips of this run, and a resumed session's stored ones."""

@@ -174,12 +174,12 @@ class Watches:
 
     def judge(self, meta: dict, clip=None, ask=None) -> list[dict]:
         """The alerts the clip (its clip-log entry, and the `ingest.Clip` whose frames the snapshots show) fires, each
-        written to the session folder first. `ask(question) -> answer` asks the model a watch's yes/no question about
-        the clip, for the watches that need it (outside the lock: the server lists and adds watches meanwhile); a
-        watch that needs it, judged without it, stays as it was."""
+        written to the session folder first. `ask(questions) -> answers` asks the model, all at once (they share
+        forwards), the yes/no questions of the watches that need them (outside the lock: the server lists and adds
+        watches meanwhile); a watch that needs one, judged without it, stays as it was."""
         with self.lock:
             asking = {w.index: w.watch.question for w in self.watchers if not w.done and asks_model(w.watch, meta)}
-        said = {index: ask(question) for index, question in asking.items()} if ask is not None else {}
+        said = dict(zip(asking, ask(list(asking.values())), strict=True)) if ask is not None and asking else {}
         fired, self.changed = [], []
         with self.lock:
             self.clip = max(self.clip, meta["clip"])

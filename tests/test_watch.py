@@ -57,7 +57,7 @@ def test_a_model_judged_watch_fires_on_its_first_yes_and_a_confirmed_one_asks_on
 
     def answers(*said):  # the model's answers, in order, to whatever it is asked
         replies = iter(said)
-        return lambda question: asked.append(question) or next(replies)
+        return lambda questions: [asked.append(question) or next(replies) for question in questions]
 
     door = Watches(read_watches(["the door is open"], 1, 0), "s")
     ask = answers("no", "yes", "Yes", "no", "yes")
@@ -68,8 +68,8 @@ def test_a_model_judged_watch_fires_on_its_first_yes_and_a_confirmed_one_asks_on
     assert fired[0]["evidence"] == {"model": {"asked": "is the door open?", "answer": "yes"}}
     # a question that failed (None) or was not asked leaves the watch as it was: the next yes is still its first
     failed = Watches(read_watches(["the door is open"], 1, 0), "s")
-    assert failed.judge(clip(1), ask=lambda q: None) == [] and failed.judge(clip(2)) == []
-    assert [a["clip"] for a in failed.judge(clip(3), ask=lambda q: "yes")] == [3]
+    assert failed.judge(clip(1), ask=lambda qs: [None]) == [] and failed.judge(clip(2)) == []
+    assert [a["clip"] for a in failed.judge(clip(3), ask=lambda qs: ["yes"])] == [3]
     # verified: asked only on the clips that count a person, fired where the model says yes to the whole sentence
     asked.clear()
     lying = Watches(read_watches(["a person lying on the floor"], 1, 0), "s")

@@ -113,6 +113,7 @@ class TinyTurns:
 class TinyVLM(TinyTurns, VideoAdapter):
     name = "tiny-vlm"
     past_answers_stay = False  # one-word answers: "yes" about a past clip sways the next question about the present
+    packs_side_questions = True  # one-token yes/no, 1-D RoPE: tests/test_side_questions.py checks it
 
     @property
     def copies_words(self) -> bool:
