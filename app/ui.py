@@ -105,13 +105,14 @@ def layout(max_upload_mb: float, models: list[str]) -> SimpleNamespace:
 
 def setting_controls() -> dict:
     """A control for each setting the page does not lay out by hand (`MORE_SETTINGS`), from its field: its meaning,
-    its default, a number or a text box as its type is."""
+    its default, a number, a text box or a check box as its type is."""
     out = {}
     for f in fields(Settings):
         if f.name in MORE_SETTINGS:
             kind, label = value_type(f), f"{f.metadata['description']} ({f.name})"
             elem = f"setting-{f.name.replace('_', '-')}"
             out[f.name] = gr.Textbox(f.default or "", label=label, elem_id=elem) if kind is str else \
+                gr.Checkbox(f.default, label=label, elem_id=elem) if kind is bool else \
                 gr.Number(f.default, label=label, precision=0 if kind is int else None, elem_id=elem)
     return out
 

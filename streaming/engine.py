@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import psutil
 import torch
@@ -29,34 +28,14 @@ import torch
 from models.base import Reading
 
 from . import budgets
+from .answers import Answer  # noqa: F401 (the engine's word: what each question got)
 from .clips import Cuts
 from .errors import is_user_error, one_line
 from .events import Alert, ClipSeen, Done, Dropped, Started, Token, WatchState
+from .gate import ChangeGate
 from .ingest import END, WAKE, Clip, Ingest, Reached, Telemetry, shown  # noqa: F401 (Clip, shown: the engine's words too)
 from .questions import Question, Schedule
 from .watches import alert_answer, model_refusal
-
-
-@dataclass
-class Answer:
-    video_t: float
-    question: str
-    answer: str
-    ttft_s: float
-    tokens_per_s: float
-    kv_tokens: int
-    kv_mb: float
-    rss_mb: float
-    recalled: list = field(default_factory=list)  # stored clips linked back for this answer: {clip, start, end}
-    looked_up: str = ""  # what the question was read as asking for, and which clip answers it (`intent.py`)
-    source: str = "model"  # "model", or "clip log" for when/how-often answers read off the clip log
-    # the question and answer as the cache took them (`inf_mllm.session.Exchange`): a session folder's transcript
-    # keeps it, so a resumed session puts them back; not part of the record printed
-    exchange: dict | None = None
-
-    def as_dict(self) -> dict:
-        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in self.__dict__.items() if k != "exchange"}
-
 
 _POLL_S = 0.25  # how often an idle model thread looks for stop and untimed questions
 
@@ -83,9 +62,10 @@ class TurnEngine:
     max_failed_in_a_row = 3  # clip turns failing this often in a row is a bug, not a fault: the run ends
 
     def __init__(self, adapter, session, clip_seconds: float = 4.0, queue_size: int = 4,
-                 max_new_tokens: int = 16, drop_when_full: bool = False):
+                 max_new_tokens: int = 16, drop_when_full: bool = False, gate: bool = False):
         """`drop_when_full`: for live sources (webcam, browser camera, URL, a paced file), drop a clip
-        the model has no room for and count it in `telemetry.dropped`; otherwise ingest waits."""
+        the model has no room for and count it in `telemetry.dropped`; otherwise ingest waits. `gate`: the change
+        gate (streaming/gate.py) in ingest; the product's streams take it from their settings (on by default)."""
         self.adapter, self.session = adapter, session
         self.clip_seconds, self.max_new_tokens = clip_seconds, max_new_tokens
         # the longest turn and answer it runs are known here: the cache's buffers grow to them and the budget now
@@ -93,7 +73,7 @@ class TurnEngine:
         # in front of the next turn
         session.cache.reserve(budgets.headroom(adapter, max_new_tokens))
         self.clips: queue.Queue = queue.Queue(maxsize=queue_size)
-        self.drop_when_full = drop_when_full
+        self.drop_when_full, self.gate = drop_when_full, gate
         self.stop = threading.Event()
         self.telemetry = Telemetry()
         self.error: BaseException | None = None
@@ -104,6 +84,7 @@ class TurnEngine:
         self._failed_in_a_row = self._oom_attempts = 0
         self._floor: int | None = None
         self.log: list[dict] = []  # metas of the clips this run appended (`clip_log`)
+        self.seen: dict = {}  # the newest clip's record (`ClipSeen`): its log entry, or what a merged clip joined
         self._watches = None
         self.fired: list[dict] = []  # the alerts the newest clip fired
         self.changed: list[dict] = []  # the watches whose condition it changed (`Watches.changed`)
@@ -144,7 +125,7 @@ class TurnEngine:
             on_token: Callable[[Question, str], None] | None = None) -> Iterator[Answer]:
         """Yield answers in order; clips go in as they arrive. Ends when the source does."""
         ingest = Ingest(self.adapter, self.clip_seconds, self.clips, self.stop, self.telemetry, self.cuts,
-                        self.drop_when_full, self.resume_at)
+                        self.drop_when_full, self.resume_at, ChangeGate() if self.gate else None)
         self.cuts.add_all(getattr(schedule, "times", list)())  # the questions timed already: their clips close there
         thread = threading.Thread(target=ingest.run, args=(source,), name="ingest", daemon=True)
         thread.start()
@@ -189,20 +170,33 @@ class TurnEngine:
 
     def feed(self, clip: Clip) -> bool:
         """One clip turn, on the model thread; False when a fault dropped it (the session is as it was before
-        the turn, and the clip's time has passed all the same)."""
-        appended = self._append_clip(clip)
+        the turn, and the clip's time has passed all the same). A clip the change gate merged is no turn: the clip
+        log's newest entry grows over it."""
+        merged = clip.merged > 0 and bool(self.log)
+        appended = self._merge(clip) if merged else self._append_clip(clip)
         self.video_t = clip.end
         # a clip cut short for a question holds every frame up to its end; any other, those before its end
         self.through = clip.end if clip.cut else math.nextafter(clip.end, -math.inf)
         if clip.last is not None:
             self.last_frame_t = clip.last
-        if appended:
+        if appended and not merged:
             self.telemetry.clips += 1
+            self.seen = self.log[-1]
         self.fired, self.changed = [], []
-        if appended and self.watches is not None:
-            self.fired = self.watches.judge(self.log[-1], clip, self.side_questions)
+        if appended and self.watches is not None:  # a merged clip: the model's watches stand (the cache is the same)
+            self.fired = self.watches.judge(self.log[-1], clip, None if merged else self.side_questions)
             self.changed = self.watches.changed
         return appended
+
+    def _merge(self, clip: Clip) -> bool:
+        """The newest entry's span grows to the end of a clip whose frames were unchanged; the clip's record says
+        which entry it joined."""
+        grown = self.log[-1] = {**self.log[-1], "end": clip.end}
+        self.seen = {**grown, "clip": clip.index, "start": clip.start, "merged": True, "into": grown["clip"],
+                     "since": grown["start"]}
+        self.telemetry.merged += 1
+        self.telemetry.gated += clip.merged
+        return True
 
     def side_questions(self, texts: list[str]) -> list[str | None]:
         """The watches' yes/no questions about the clip just in (`VideoAdapter.yes_or_no_all`: none stays in the
@@ -315,7 +309,7 @@ class TurnEngine:
     def clip_events(self) -> list:
         """What the newest clip says, once it went in: `ClipSeen` (its entry), an `Alert` for each watch it fired and a
         `WatchState` for each watch whose condition it changed."""
-        return [ClipSeen(self.log[-1]), *map(Alert, self.fired), *map(WatchState, self.changed)]
+        return [ClipSeen(self.seen), *map(Alert, self.fired), *map(WatchState, self.changed)]
 
     def play(self, source, schedule: Schedule, handler) -> None:
         """`run`, with what it says handed to `handler` as events (`relay`)."""

@@ -131,7 +131,7 @@ class HostedSession(LiveSession):
 
     def _on_clip(self, clip) -> None:
         if self.folder is not None and self.engine.log:
-            self.folder.write_clip(self.engine.log[-1])  # its words, counts and boxes, in clips.jsonl
+            self.folder.write_clip(self.engine.seen)  # its words, counts and boxes, in clips.jsonl
         super()._on_clip(clip)
 
     def close(self) -> None:

@@ -20,6 +20,7 @@ import torch
 from models.base import EncodedClip
 
 from .clips import ClipGrouper, Cuts
+from .gate import ChangeGate
 
 END = object()  # the source has ended
 WAKE = object()  # nothing to take: look again (a question arrived, or a poll timed out)
@@ -39,6 +40,8 @@ class Clip:
     last: float | None = None  # its last frame's video time
     cut: bool = False  # closed early, at a question's time (`end`): it holds every frame up to its end
     shown: tuple = ()  # (video time, frame at most `SHOWN_WIDTH` wide): the last, and those counts were read in
+    merged: int = 0  # frames the change gate found unchanged, when it found all of them: `encoded` is the last
+    # perceived clip's (0: perceived)
 
 
 @dataclass
@@ -49,6 +52,8 @@ class Telemetry:
     ingest_s: float = 0.0  # seconds spent decoding (the reader thread) and encoding (the ingest thread)
     failed: int = 0  # clip turns dropped because their prefill raised
     oom_retries: int = 0  # prefills retried after an out-of-memory error, with a tighter budget
+    gated: int = 0  # frames the change gate found unchanged (their perception reused)
+    merged: int = 0  # clips of such frames alone: the clip log's previous entry grew over them, no KV turn
 
     @property
     def ingest_speed(self) -> float:
@@ -81,9 +86,10 @@ class Ingest:
     either thread is kept in `error` (the model thread raises it); `stop` ends both promptly."""
 
     def __init__(self, adapter, clip_seconds: float, clips: queue.Queue, stop: threading.Event, telemetry: Telemetry,
-                 cuts: Cuts, drop_when_full: bool, resume_at: tuple[int, float]):
+                 cuts: Cuts, drop_when_full: bool, resume_at: tuple[int, float], gate: ChangeGate | None = None):
         self.adapter, self.clip_seconds, self.clips, self.stop = adapter, clip_seconds, clips, stop
-        self.telemetry, self.cuts, self.drop_when_full = telemetry, cuts, drop_when_full
+        self.telemetry, self.cuts, self.drop_when_full, self.gate = telemetry, cuts, drop_when_full, gate
+        self._perceived: EncodedClip | None = None  # the last clip that went through perception (the gate's)
         self.index, self.skip_before = resume_at
         self.error: BaseException | None = None
         self._frames: queue.Queue = queue.Queue(maxsize=1)  # a frame read ahead at most: little memory held
@@ -180,8 +186,16 @@ class Ingest:
         """A clip's ingest work is its encoding here plus its frames' decoding on the reader thread, which runs
         ahead in parallel: the ingest thread's own wall time would count the reader's waits for the video."""
         started = time.perf_counter()
-        with torch.inference_mode():
-            visual = self.adapter.see(np.stack(frames), times)
+        stacked = np.stack(frames)
+        merged = self.gate is not None and self._perceived is not None and self.gate.unchanged(stacked)
+        if merged:  # nothing moved since perception last ran: its findings stand, and the clip costs no model work
+            visual = self._perceived
+        else:
+            with torch.inference_mode():
+                visual = self.adapter.see(stacked, times)
+            if self.gate is not None:
+                self.gate.perceived(stacked)
+                self._perceived = visual
         read_s, self._read_counted = self._read_s - self._read_counted, self._read_s
         spent = time.perf_counter() - started + read_s
         self.telemetry.ingest_s += spent
@@ -193,7 +207,7 @@ class Ingest:
         kept = tuple((float(t), shown(f)) for t, f in zip(times[:-1], frames[:-1], strict=True) if t in counted)
         last = shown(frames[-1])
         kept += ((float(times[-1]), last),)
-        self.put(Clip(self.index, times[0], end, visual, spent, last, times[-1], cut, kept))
+        self.put(Clip(self.index, times[0], end, visual, spent, last, times[-1], cut, kept, len(frames) * merged))
 
     def put(self, item, force: bool = False) -> None:
         """Queue a clip (or, `force`d, the end): never dropped, but given up once the model thread has stopped."""

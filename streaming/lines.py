@@ -12,18 +12,21 @@ from .watches import alert_line
 
 def clip_record(meta: dict) -> dict:
     """What `--json --clips` prints of a clip: its times, words and the detector's objects and boxes."""
-    return {k: meta[k] for k in ("clip", "start", "end", "seen", "objects", "counted_at", "boxes") if k in meta}
+    keys = ("clip", "start", "end", "seen", "objects", "counted_at", "boxes", "merged", "into", "since")
+    return {k: meta[k] for k in keys if k in meta}
 
 
 def clip_line(meta: dict, session, telemetry, objects: bool = True) -> str:
-    """A clip's progress line, from its clip-log entry: its end time, the cache's size, ingest speed, drops and
-    (`objects`) what the detector saw."""
+    """A clip's progress line, from its clip-log entry: its end time, the cache's size, ingest speed, drops, what
+    the change gate let pass and (`objects`) what the detector saw (a merged clip: since when nothing changed)."""
     from models.detector import plural  # here: torch has loaded by now
 
     seen = meta.get("objects") if objects else None
     return (f"[{meta['end']:7.1f}s] clip {meta['clip']:4d} | kv {session.kv_tokens} tok "
             f"{session.kv_bytes / 2**20:.1f} MB | ingest {telemetry.ingest_speed:.1f}x real time"
             + (f" | dropped {telemetry.dropped}" if telemetry.dropped else "")
+            + (f" | gated {telemetry.gated} frames ({telemetry.merged} clips merged)" if telemetry.merged else "")
+            + (f" | unchanged since {meta['since']:.1f}s (clip {meta['into']})" if meta.get("merged") else "")
             + (f" | sees {', '.join(f'{n} {plural(w) if n > 1 else w}' for w, n in seen.items()) or 'nothing'}"
                if seen is not None else ""))
 

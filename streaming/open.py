@@ -61,5 +61,6 @@ def open_stream(config: StreamConfig, source, pool, adapter, folder=None, prepar
 
     session = pool.open(make=make, headroom=headroom(own, settings.max_new_tokens), prepare=prepare)
     engine = TurnEngine(own, session, clip_seconds=settings.clip_seconds, max_new_tokens=settings.max_new_tokens,
-                        drop_when_full=bool(getattr(source, "live", False)))  # a camera or a paced file cannot wait
+                        drop_when_full=bool(getattr(source, "live", False)),  # a camera or a paced file cannot wait
+                        gate=settings.gate)
     return Stream(own, session, engine, sized.get("auto"))

@@ -4,6 +4,7 @@ limits on top), `stream-qa`'s options and their checks (`add_options`, `problem`
 and its own limits), the app's controls and a session folder's settings all take them from here. Light: nothing
 here loads torch, so `stream-qa` checks what it was given before the model loads."""
 
+import argparse
 import math
 from dataclasses import dataclass, field, fields
 
@@ -37,6 +38,7 @@ class Settings:
     fps: float = _field(1.0, "frames sampled per second of video", "source", gt=0, allow_inf_nan=False)
     clip_seconds: float = _field(2.0, "video seconds per clip turn", "source", gt=0, allow_inf_nan=False)
     max_new_tokens: int = _field(16, "tokens an answer may take", ge=1)
+    gate: bool = _field(True, "skip perception and the KV turn of a clip whose frames did not change", "source")
 
     def __post_init__(self):
         said = problem(self.__dict__)
@@ -165,6 +167,7 @@ def add_options(group, names: tuple[str, ...], defaults: dict | None = None) -> 
         if f.name in names:
             default = (defaults or {}).get(f.name, f.default)
             shown = f" (default {default})" if default is not None else ""
-            group.add_argument("--" + f.name.replace("_", "-"), type=value_type(f), default=default,
+            kind = {"action": argparse.BooleanOptionalAction} if value_type(f) is bool else {"type": value_type(f)}
+            group.add_argument("--" + f.name.replace("_", "-"), **kind, default=default,
                                help=f.metadata["description"] + shown)
 

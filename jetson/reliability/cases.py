@@ -45,8 +45,9 @@ class Case:
 
 
 def fault_args(tmp, *extra) -> list:
-    """8 one-second clips of a small real video and two questions, after the fault (clip 3) and before it."""
-    return [video(tmp, "v.mp4", 64, 64, frames=16, fps=2.0), "--clip-seconds", "1", "--fast", "--json",
+    """8 one-second clips of a small real video and two questions, after the fault (clip 3) and before it; its frames
+    are solid colours, so the change gate is off (`--no-gate`): every clip is a turn, the third one faults."""
+    return [video(tmp, "v.mp4", 64, 64, frames=16, fps=2.0), "--no-gate", "--clip-seconds", "1", "--fast", "--json",
             "--max-new-tokens", "4", "--ask", f"{SAMPLE_QUESTION} @2s",
             "--ask", f"{SAMPLE_QUESTION} @6s", *extra]
 
