@@ -10,6 +10,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.sessions = Gauge("stream_qa_sessions", "Sessions open", registry=r)
+        self.pool_streams = Gauge("stream_qa_pool_streams", "Streams holding room in the model pools (a closed "
+                                  "session's until its model thread has ended)", registry=r)
         self.kv_bytes = Gauge("stream_qa_kv_bytes", "KV cache bytes held by a session (first 8 characters of its id)",
                               ["session"], registry=r)
         self.ttft = Histogram("stream_qa_time_to_first_token_seconds", "Time from a question's turn to its first "
@@ -43,9 +45,10 @@ class Metrics:
         if telemetry.get("ingest_speed"):
             self.ingest.observe(telemetry["ingest_speed"])
 
-    def render(self, sessions) -> bytes:
+    def render(self, sessions, pool_streams: int) -> bytes:
         """The text exposition, session gauges read now."""
         self.sessions.set(len(sessions))
+        self.pool_streams.set(pool_streams)
         for outcome, n in self.webhooks.items():
             self.webhook_gauge.labels(outcome).set(n)
         for outcome, n in self.mqtt.items():

@@ -69,6 +69,12 @@ class Host:
             for pool in self._pools.values():
                 pool.admission.max_streams = count
 
+    def streams_held(self) -> int:
+        """Streams holding room in this host's pools: a session closed is counted out once its model thread ended."""
+        with self._lock:
+            pools = list(self._pools.values())
+        return sum(len(pool.admission.streams) for pool in pools)
+
     def add_checkpoint(self, folder: str) -> str:
         """Offer a transformers checkpoint folder in the model list as "hf:NAME". Loaded now: a folder that cannot
         work fails at start-up, in one line, not in a user's session."""
@@ -134,9 +140,10 @@ class HostedSession(LiveSession):
             self.folder.write_clip(self.engine.seen)  # its words, counts and boxes, in clips.jsonl
         super()._on_clip(clip)
 
-    def close(self) -> None:
-        store = self.session.store if self.session is not None else None
-        super().close()
-        if self.folder is not None:
-            self.folder.close(store)  # released for the next writer (another process, after a restart)
-            self.folder = None
+    def _free(self) -> None:
+        with self._freeing:
+            store = self.session.store if self.session is not None else None
+            super()._free()
+            if self.folder is not None:
+                self.folder.close(store)  # released for the next writer (another process, after a restart)
+                self.folder = None

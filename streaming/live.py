@@ -102,6 +102,7 @@ class LiveSession:
         self._dropped = 0  # frames dropped, as last said to the subscribers
         self.finished = threading.Event()
         self.closing = False
+        self._freeing = threading.RLock()  # HostedSession._free holds it around this class's
         self.last_active = time.monotonic()
         self._sample(resume_at[1], "start")
         self.thread = threading.Thread(target=self._run, name="live-session", daemon=True)
@@ -132,6 +133,8 @@ class LiveSession:
             for q in unanswered:
                 if q is not None:
                     q.put(Unanswered("the stream ended before this question's turn"))
+            if self.closing:  # closed while this thread was still busy: `close` left the freeing to it
+                self._free()
 
     def _unreached(self, questions) -> None:
         """Questions timed past where the stream ended: the video never reached them; they end unanswered."""
@@ -235,12 +238,21 @@ class LiveSession:
                 "answers": len(self.transcript), "finished": self.finished.is_set(), "notices": list(self.notice_log)}
 
     def close(self) -> None:
-        """Stop ingest and the model thread; the cache goes with this object."""
+        """Stop ingest and the model thread; the cache goes with this object. A model thread still busy after the
+        wait frees the session itself when it ends (`_run`), so its room in the pool is never kept by a slow stop."""
         self.closing = True
         self.engine.close()
         self._asked.set()
         self.thread.join(timeout=10)
-        if not self.thread.is_alive():  # a front end may hold a closed session's object a long time: let the cache go
+        if not self.thread.is_alive():
+            self._free()
+
+    def _free(self) -> None:
+        """Once, after the model thread ended: the pool's room given back and the cache let go (a front end may hold
+        a closed session's object a long time)."""
+        with self._freeing:
+            if self.session is None:
+                return
             if getattr(self.session, "close", None) is not None:  # a pool's stream (a lone session holds no room)
                 self.session.close()  # its room in the pool is free for the next stream
             self.session = self.engine.session = None

@@ -266,8 +266,8 @@ def test_refused_connections_say_why_and_leave_nothing_open(server):
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=30)
         assert closed.value.rcvd.code == 1009
-    for _ in range(300):  # the sessions above are released as their sockets close: the pool is empty again first
-        if metric(url, "stream_qa_sessions ") == 0:
+    for _ in range(600):  # the sessions above give their pool room back once their threads end: the pool empty first
+        if metric(url, "stream_qa_pool_streams ") == 0:
             break
         time.sleep(0.1)
     held = [opened(url) for _ in range(4)]  # the server's max_sessions

@@ -16,4 +16,4 @@ async def healthz(srv: Server = SERVER):
 
 @router.get("/metrics", dependencies=AUTHORISED)
 async def prometheus(srv: Server = SERVER):
-    return Response(srv.metrics.render(srv.sessions.all()), media_type=CONTENT_TYPE)
+    return Response(srv.metrics.render(srv.sessions.all(), srv.host.streams_held()), media_type=CONTENT_TYPE)
