@@ -97,20 +97,28 @@ def pieces() -> dict[str, Piece]:
     return out
 
 
-def encode_pieces(vlm, names=None) -> dict[str, torch.Tensor]:
-    """Each piece's clip encoding (`names`: some of them), as `stream-qa` makes it: 4 frames at 1 fps (a
+def piece_clips(names=None) -> dict[str, tuple[np.ndarray, list[float]]]:
+    """Each piece's frames and their times (`names`: some of them), as `stream-qa` cuts them: 4 frames at 1 fps (a
     photo: its zoom)."""
     out = {}
-    videos = {n: v for n, v in PIECES.items() if names is None or n in names}
-    for name, (video, start) in tqdm(videos.items(), desc="encoding video pieces", unit="piece"):
-        path = _video_path(video)
-        fps, count = video_shape(path)
-        idx = [min(count - 1, int(round((start + 0.5 + k) * fps))) for k in range(int(CLIP_S))]
-        frames = frames_at(path, idx)
-        out[name] = vlm.see(np.stack([frames[i] for i in idx]), [start + k for k in range(int(CLIP_S))])
-    for name in tqdm([n for n in SHOWN if names is None or n in names], desc="encoding photos", unit="photo"):
-        out[name] = vlm.see(clip_frames(photo(name)), [0.0, 1.0, 2.0, 3.0])
+    for name, (video, start) in PIECES.items():
+        if names is None or name in names:
+            path = _video_path(video)
+            fps, count = video_shape(path)
+            idx = [min(count - 1, int(round((start + 0.5 + k) * fps))) for k in range(int(CLIP_S))]
+            frames = frames_at(path, idx)
+            out[name] = np.stack([frames[i] for i in idx]), [start + k for k in range(int(CLIP_S))]
+    for name in SHOWN:
+        if names is None or name in names:
+            out[name] = clip_frames(photo(name)), [0.0, 1.0, 2.0, 3.0]
     return out
+
+
+def encode_pieces(vlm, names=None) -> dict[str, torch.Tensor]:
+    """Each piece's clip encoding (`piece_clips`)."""
+    clips = piece_clips(names)
+    return {name: vlm.see(frames, times) for name, (frames, times) in tqdm(clips.items(), desc="encoding pieces",
+                                                                           unit="piece")}
 
 
 def compose(rng: random.Random, clips: int) -> list[str]:

@@ -241,7 +241,7 @@ def run(args):
     base = base_cost(clips)
     records, details = [], {}
     for preset in presets:
-        perceiver = Perceiver(preset, encoder.net)
+        perceiver = Perceiver(preset, encoder.backbone)
         perceiver(clips[0][2][:CLIP], clips[0][4][:CLIP])  # warm-up (and loads BlazeFace)
         rows, costs = video_rows(perceiver, encoder, clips)
         scores = video_scores(rows, things, perceiver.config.more_words) | scene_scores(perceiver, encoder)

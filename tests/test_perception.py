@@ -124,9 +124,9 @@ def test_tiles_find_the_bicycle_on_a_real_frame_of_bikes(lite0):
     frame reads "tram"; the middle tile sees the bicycle (as a unicycle) and the right one the scooter."""
     frame = frame_at("bikes.mp4", 4.5)[None]
     _, whole = lite0.encode(frame)
-    words = {w for i in Perceiver("tiles", lite0.net)(frame, whole) for w in L.words_of(i, True)}
+    words = {w for i in Perceiver("tiles", lite0.backbone)(frame, whole) for w in L.words_of(i, True)}
     assert "bicycle" in words and "motorcycle" in words
-    frame_only = {w for i in Perceiver("frame", lite0.net)(frame, whole) for w in L.words_of(i, True)}
+    frame_only = {w for i in Perceiver("frame", lite0.backbone)(frame, whole) for w in L.words_of(i, True)}
     assert "bicycle" not in frame_only
 
 
@@ -135,20 +135,22 @@ def test_without_tiles_the_detector_names_the_cyclist_the_whole_frame_misses(lit
     reads "tram"; the object detector adds the cyclist, his bicycle and the van (as a car)."""
     frame = frame_at("bikes.mp4", 4.5)[None]
     _, whole = lite0.encode(frame)
-    without = [L.display(i, True) for i in Perceiver("person", lite0.net)(frame, whole)]
-    detected = [L.display(i, True) for i in Perceiver("detect+person", lite0.net)(frame, whole)]
+    without = [L.display(i, True) for i in Perceiver("person", lite0.backbone)(frame, whole)]
+    detected = [L.display(i, True) for i in Perceiver("detect+person", lite0.backbone)(frame, whole)]
     assert "bicycle" not in without and detected[:len(without)] == without  # the classifier's labels come first
     assert {"person", "bicycle", "car"} <= set(detected)
 
 
-def test_classifier_batches_give_the_probabilities_of_one_plain_batch(lite0):
-    """The classifier runs channels-last batches of 4 views for speed; its probabilities are those of one
-    plain (NCHW) batch of all the views, to float rounding, so no label moves."""
+@pytest.mark.parametrize("runtime", ["torch", "onnx"])
+def test_classifier_batches_give_the_probabilities_of_one_plain_torch_batch(lite0, runtime):
+    """The classifier runs batches of 4 views on its runtime (channels-last for torch, ONNX Runtime by default); its
+    probabilities are those of one plain (NCHW) torch batch of all the views, to float rounding, so no label moves."""
     from models.tiny_vlm.encoder import normalise
     from models.tiny_vlm.perception import Classifier, views
+    from models.tiny_vlm.runtime import backbone_runtime
 
     frames = np.stack([frame_at("bikes.mp4", t) for t in (4.5, 9.0)])
-    fast = Classifier("lite0", lite0.net)(frames, tiles=True)
+    fast = Classifier("lite0", backbone_runtime(lite0.net, 224, runtime=runtime))(frames, tiles=True)
     with torch.no_grad():
         plain = torch.softmax(lite0.net(normalise(views(frames, 224, tiles=True))), dim=-1)
     assert fast.shape == (2, 4, 1000)  # the whole frame and 3 tiles of each 640x272 frame

@@ -99,11 +99,15 @@ def foreground_histograms(frames: torch.Tensor) -> torch.Tensor:
 
 
 class FrameEncoder:
-    """uint8 frames (T, H, W, 3) → (T, GRID², FEATURE_DIM) float32 features."""
+    """uint8 frames (T, H, W, 3) → (T, GRID², FEATURE_DIM) float32 features. `runtime`: where Lite0 runs
+    (`runtime.py`: "auto" is ONNX Runtime on a CPU where it is installed, else torch)."""
 
-    def __init__(self, device: str = "cpu"):
+    def __init__(self, device: str = "cpu", runtime: str = "auto"):
+        from .runtime import backbone_runtime  # lazy: it imports this module's neighbours only when encoding
+
         self.device = device
         self.net = load_backbone().to(device)
+        self.backbone = backbone_runtime(self.net, IMAGE_SIZE, device, runtime)
 
     def __call__(self, frames, batch: int = 32) -> torch.Tensor:
         return self.encode(frames, batch)[0]
@@ -119,8 +123,7 @@ class FrameEncoder:
         for chunk in frames.split(batch):
             x = chunk.permute(0, 3, 1, 2).to(self.device)
             img = F.interpolate(x.float() / 255, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bilinear", antialias=True)
-            feats = self.net.extract_features(normalise(img))
-            logits = self.net._fc(feats.mean(dim=(2, 3)))  # the classifier's head (its dropout is off in eval)
+            feats, logits = self.backbone(normalise(img))
             probs.append(torch.softmax(logits.float(), dim=-1).cpu())
             pooled = F.adaptive_avg_pool2d(feats, GRID).flatten(2).transpose(1, 2)  # (t, 16, 1280)
             small = _downsample(x.cpu())  # both histograms share one downsampled frame and its bins

@@ -122,8 +122,10 @@ class TinyVLM(TinyTurns, VideoAdapter):
 
     def __init__(self, weights: str | Path = WEIGHTS, device: str = "cpu", trained: bool = True,
                  snap_to_vocabulary: bool = True, labels: str = "text", clip_end_anchor: bool = False,
-                 perception: str | dict | None = None):
+                 perception: str | dict | None = None, runtime: str = "auto"):
+        """`runtime`: where the frozen Lite0 runs (`runtime.py`: "auto", "onnx" or "torch")."""
         self.model, self.tokenizer = load_model("smollm2", device=device)
+        self.runtime = runtime
         self.config: dict = {"snap_to_vocabulary": snap_to_vocabulary, "labels": labels,
                              "clip_end_anchor": clip_end_anchor}
         if trained:
@@ -150,14 +152,14 @@ class TinyVLM(TinyTurns, VideoAdapter):
         if self._encoder is None:
             from .encoder import FrameEncoder
 
-            self._encoder = FrameEncoder(str(self.device))
+            self._encoder = FrameEncoder(str(self.device), self.runtime)
         return self._encoder
 
     @property
     def perceiver(self) -> Perceiver:
         """Labels from a clip's frames, sharing the encoder's Lite0 (loaded on first use)."""
         if self._perceiver is None:
-            self._perceiver = Perceiver(self.perception, self.encoder.net)
+            self._perceiver = Perceiver(self.perception, self.encoder.backbone)
         return self._perceiver
 
     def _projector(self, snap: bool) -> Projector:

@@ -129,25 +129,30 @@ def views(frames: np.ndarray, size: int, tiles: bool, whole: bool = True) -> tor
 
 
 class Classifier:
-    """ImageNet probabilities of frames and their tiles from one EfficientNet-Lite: (T, V, 1000)."""
+    """ImageNet probabilities of frames and their tiles from one EfficientNet-Lite: (T, V, 1000). `backbone`: the
+    network on its runtime (`runtime.py`; the encoder's Lite0 is shared), else `variant` loaded on `runtime`."""
 
-    def __init__(self, variant: str = "lite0", net=None):
+    def __init__(self, variant: str = "lite0", backbone=None, runtime: str = "auto"):
         from .encoder import BACKBONES, load_backbone  # lazy: encoder imports this module
+        from .runtime import backbone_runtime
 
         self.variant, self.size = variant, BACKBONES[variant]
-        self.net = net if net is not None else load_backbone(variant)
+        self.backbone = backbone if backbone is not None else backbone_runtime(load_backbone(variant), self.size,
+                                                                              runtime=runtime)
 
     @torch.no_grad()
     def __call__(self, frames: np.ndarray, tiles: bool, whole: bool = True, batch: int = 4) -> torch.Tensor:
-        """Channels-last batches of 4 views: oneDNN's convolutions run 2.5x faster on them than on one
+        """Batches of 4 views, channels-last for torch: oneDNN's convolutions run 2.5x faster on them than on one
         NCHW batch of a clip's 12 tiles (183 vs 464 ms on a 2-core AVX2 EPYC; a batch's activations
         then stay in cache), with the same probabilities to 1e-5."""
         from .encoder import normalise  # lazy, as above
 
-        x = views(frames, self.size, tiles, whole).contiguous(memory_format=torch.channels_last)
+        x = views(frames, self.size, tiles, whole)
         if not len(x):
             return torch.zeros(len(frames), 0, 1000)
-        logits = torch.cat([self.net(normalise(chunk)) for chunk in x.split(batch)])
+        if self.backbone.name == "torch":
+            x = x.contiguous(memory_format=torch.channels_last)
+        logits = torch.cat([self.backbone(normalise(chunk))[1] for chunk in x.split(batch)])
         return torch.softmax(logits.float(), dim=-1).view(len(frames), -1, logits.shape[-1])
 
 
@@ -213,9 +218,10 @@ class Perceiver:
     """A clip's frames (and, for Lite0, the encoder's whole-frame probabilities) → its labels."""
 
     def __init__(self, config: Perception | str | dict = DEFAULT, lite0=None):
+        """`lite0`: the encoder's Lite0 on its runtime (`FrameEncoder.backbone`), shared by the classifier."""
         self.config = Perception.parse(config)
-        net = lite0 if self.config.backbone == "lite0" else None
-        self.classifier = Classifier(self.config.backbone, net)  # loads a network only where lite0 is not given
+        shared = lite0 if self.config.backbone == "lite0" else None
+        self.classifier = Classifier(self.config.backbone, shared)  # loads a network only where lite0 is not given
         self._faces = None
 
     @property
