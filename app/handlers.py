@@ -17,14 +17,15 @@ from models.intent import clock
 from streaming.errors import one_line
 from streaming.events import Done, Handler, Started, Token, Unanswered
 from streaming.hosted import Host
+from streaming.page_sources import BrowserCamera, PlaybackSource
 from streaming.provenance import notes
 from streaming.questions import MAX_QUESTION_CHARS
 from streaming.settings import BadInput, Settings
-from streaming.sources import CaptureSource, SourceError, bundled_clip
+from streaming.source_spec import SourceSpec
+from streaming.sources import SourceError, bundled_clip
 from streaming.watches import MAX_WATCHES, watcher
 
 from .chat import Chat
-from .sources import BrowserCamera, PlaybackSource
 from .views import (
     alert_caption,
     alert_items,
@@ -151,12 +152,13 @@ class Handlers:
         if kind in ("Bundled clip", "Upload"):
             path = bundled_clip(clip) if kind == "Bundled clip" else check_upload(upload, self.max_upload_mb)
             label = clip if kind == "Bundled clip" else path.name
-            return label, lambda stop: PlaybackSource(path, stop, speed=self.clock_speed), str(path)
+            spec = SourceSpec("player", str(path), fps=settings.fps, speed=self.clock_speed)
+            return label, spec.open, str(path)
         if kind == "Device camera":
             index = int(camera or 0)
-            return f"device camera {index}", lambda stop: CaptureSource(index, fps=settings.fps), None
+            return f"device camera {index}", SourceSpec("webcam", index, fps=settings.fps).open, None
         if kind == "Browser camera":
-            return "browser camera", lambda stop: BrowserCamera(stop, fps=settings.fps), None
+            return "browser camera", SourceSpec("browser-camera", fps=settings.fps).open, None
         raise BadInput(f"unknown source {kind!r}")
 
     def start(self, chat, watched, history, kind, clip, upload, camera, model, policy, budget, bias, window, *more,

@@ -6,9 +6,9 @@ import pandas as pd
 from models.detector import plural
 from models.intent import clock
 from streaming.lines import clip_record
+from streaming.page_sources import PlaybackSource
 
 from .chat import Chat
-from .sources import PlaybackSource
 
 MAX_POINTS = 400  # per plotted line
 KV, FULL, RSS, GPU, ALERT = "KV cache", "full cache, same clips", "RSS", "torch (GPU)", "alert"

@@ -58,9 +58,9 @@ def app_path() -> list:
     position the player reports."""
     import threading
 
-    from app.sources import PlaybackSource
     from models import load_adapter
     from streaming.live import LiveSession
+    from streaming.page_sources import PlaybackSource
     from streaming.sources import bundled_clip
 
     vlm, held = load_adapter("tiny-vlm"), {}

@@ -27,6 +27,7 @@ from streaming.questions import QuestionError, parse_time
 from streaming.records import machine, record, write
 from streaming.settings import Settings, check_options, option_names
 from streaming.soak import EveryKRounds, describe, run_soak, verdict
+from streaming.source_spec import SourceSpec
 from streaming.sources import FileSource, bundled_clip
 
 from .tegrastats import Tegrastats
@@ -43,7 +44,7 @@ def soak_one(adapter, video, policy: str, budget, rounds: int | None, duration_s
     options = policy_options(policy, budget) if options is None else options
     per_loop = max(1, math.ceil(FileSource(video, fps=args.fps).duration / args.clip_seconds))
     loops = math.ceil(rounds / per_loop) + 1 if rounds else 10**9
-    source = FileSource(video, fps=args.fps, realtime=False, loops=loops)
+    source = SourceSpec("file", str(video), fps=args.fps, realtime=False, loops=loops).open()
     pool = SessionPool(adapter.model, adapter.tokenizer)  # a lone stream is a pool of one
     try:
         stream = open_stream(stream_config(policy, budget, options, args), source, pool, adapter)

@@ -16,8 +16,9 @@ from streaming.hosted import BadInput, HostedSession, Settings
 from streaming.memory import trim_heap
 from streaming.pushed import PushedFrames
 from streaming.session_dir import SETTINGS, SessionDir
-from streaming.sources import SourceError, open_source
-from streaming.urls import UrlRefused, redact
+from streaming.source_spec import SourceSpec
+from streaming.sources import SourceError
+from streaming.urls import UrlRefused
 
 from .events import Broadcast
 from .limits import ServerConfig
@@ -165,19 +166,22 @@ class Sessions:
         if len(kinds) > 1:
             raise Refused(400, "a source is a file or a URL, not both")
         realtime, loops = bool(source.get("realtime", True)), int(source.get("loops", 1))
+        policy = self.config.url_policy
         if kinds == ["file"]:
             path = media_file(self.config.media, str(source["file"]))
-            opened = open_source(video=path, fps=settings.fps, realtime=realtime, loops=loops)  # checked now
-            return (lambda stop: opened), path.name, {"kind": "file", "file": str(source["file"])}
+            spec = SourceSpec("file", str(path), fps=settings.fps, realtime=realtime, loops=loops)
+            opened = spec.open(policy=policy)  # checked now
+            return (lambda stop: opened), spec.label, {"kind": "file", "file": str(source["file"])}
         if kinds == ["url"]:  # checked here, and again (with the redirect and playlist checks) as it opens
-            url, policy = str(source["url"]), self.config.url_policy
+            spec = SourceSpec("url", str(source["url"]), fps=settings.fps, realtime=realtime)
             try:
-                policy.check(url)
+                policy.check(spec.target)
             except UrlRefused as err:
                 raise Refused(400, str(err)) from None
-            return ((lambda stop: open_source(url=url, fps=settings.fps, realtime=realtime, policy=policy)),
-                    redact(url), {"kind": "url", "url": redact(url)})  # credentials stay in memory
-        return (lambda stop: PushedFrames(stop, fps=settings.fps)), "pushed frames", {"kind": "push"}
+            return ((lambda stop: spec.open(stop, policy)), spec.label,
+                    {"kind": "url", "url": spec.label})  # credentials stay in memory
+        spec = SourceSpec("push", fps=settings.fps)
+        return (lambda stop: spec.open(stop, policy)), spec.label, {"kind": "push"}
 
     def held(self, session_id: str) -> Hosted | None:
         """The session if this process holds it (never blocks)."""

@@ -47,7 +47,8 @@ from .questions import (
 from .session_dir import SessionDir
 from .settings import Settings, add_options, folder_spec, option_names, unknown_model
 from .soak import run_soak_cli, soak_plan, soak_schedule
-from .sources import bundled_clip, open_source
+from .source_spec import SourceSpec
+from .sources import bundled_clip
 from .stdin import StdinQuestions, piped
 from .streams import (
     SOURCE_KEYS,
@@ -230,7 +231,8 @@ def _run(args, out) -> int:
     if args.server:
         check_remote(args, folder, soak)
     loops = 10**9 if soak else args.loop  # a soak loops a file until its rounds or time are up
-    source = open_source(video, args.webcam, args.url, fps=args.fps, realtime=not args.fast, loops=loops)
+    source = SourceSpec.of({"video": video, "webcam": args.webcam, "url": args.url}, fps=args.fps,
+                           realtime=not args.fast, loops=loops).open()
     duration = source.duration
     if soak:
         qs, use_stdin = [], False

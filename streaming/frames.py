@@ -1,5 +1,6 @@
 """What a frame source is, written once: the engine, `stream-qa`, the app and the soak take any `FrameSource`
-(sources.py has the files, cameras, URLs and pipes; app/sources.py the page's player and camera)."""
+(sources.py has the files, cameras, URLs and pipes; page_sources.py the page's player and camera; source_spec.py
+names each kind one way for every front end)."""
 
 import time
 from collections.abc import Callable, Iterator
@@ -37,8 +38,8 @@ class FrameSource:
       next frame's time before it is due), so a question at `t` need not wait for the frame after it.
 
     A source paced to a clock reads `clock` and waits with `sleep` (`pace`): the wall clock, unless a test gives it
-    one it steps itself. A new source subclasses this, sets what differs from these defaults, and is wired in
-    `open_source` (and the app's page for one it drives)."""
+    one it steps itself. A new source subclasses this, sets what differs from these defaults, and is named as a kind in
+    `source_spec.SourceSpec`, which every front end opens sources through."""
 
     live: bool = False
     waited_s: float = 0.0

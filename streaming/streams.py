@@ -25,6 +25,7 @@ from .memory import MB, auto_budget
 from .provenance import notes
 from .session_dir import SETTINGS, SessionDir
 from .settings import settings_of
+from .source_spec import SourceSpec
 from .watch_options import watching
 from .watches import alert_line
 
@@ -97,9 +98,7 @@ def check_several(args, count: int) -> None:
 
 def open_sources(args, sources) -> list:
     """(label, opened source) for each: a missing file or a bad URL is refused before the model loads."""
-    from .sources import open_source
-
-    return [(label, open_source(**where, fps=args.fps, realtime=not args.fast, loops=args.loop))
+    return [(label, SourceSpec.of(where, fps=args.fps, realtime=not args.fast, loops=args.loop).open())
             for label, where in sources]
 
 

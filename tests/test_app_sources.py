@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from app.sources import BrowserCamera, PlaybackSource
+from streaming.page_sources import BrowserCamera, PlaybackSource
 from streaming.sources import bundled_clip
 
 

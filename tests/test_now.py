@@ -10,11 +10,11 @@ from functools import partial
 import numpy as np
 import pytest
 
-from app.sources import PlaybackSource
 from streaming.clips import ClipGrouper, Cuts, grouped
 from streaming.events import Done, Started
 from streaming.frames import Frame
 from streaming.live import LiveSession
+from streaming.page_sources import PlaybackSource
 from streaming.sources import bundled_clip, handed_over
 
 

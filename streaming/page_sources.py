@@ -1,4 +1,4 @@
-"""Frame sources the page drives: a file released as the player reaches it, and the browser's camera.
+"""Frame sources a page drives (the app's): a file released as the player reaches it, and the browser's camera.
 
 Both end promptly when the engine stops (they wait on its `stop` event, never on a bare sleep), so a
 released session leaves no thread behind. Both read time from `clock` (monotonic seconds), so a test
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from streaming.sources import FileSource, Frame, FrameSource, handed_over
+from .sources import FileSource, Frame, FrameSource, handed_over
 
 
 class PlaybackSource(FrameSource):
