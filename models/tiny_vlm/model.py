@@ -6,6 +6,7 @@ The trained parts (projector, LoRA deltas for the LLM's attention projections) a
 """
 
 import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -145,22 +146,27 @@ class TinyVLM(TinyTurns, VideoAdapter):
         if trained:
             self._load(Path(weights))
         self._encoder = None
+        self._loading = threading.Lock()  # the encoder and perceiver are made once, on the first clip of any stream
 
     @property
     def encoder(self):
-        """The frozen frame encoder, loaded on first use (training works from cached features)."""
-        if self._encoder is None:
-            from .encoder import FrameEncoder
+        """The frozen frame encoder, loaded on first use (training works from cached features); once, however many
+        streams' ingest threads ask for it at the same moment."""
+        with self._loading:
+            if self._encoder is None:
+                from .encoder import FrameEncoder
 
-            self._encoder = FrameEncoder(str(self.device), self.runtime)
-        return self._encoder
+                self._encoder = FrameEncoder(str(self.device), self.runtime)
+            return self._encoder
 
     @property
     def perceiver(self) -> Perceiver:
-        """Labels from a clip's frames, sharing the encoder's Lite0 (loaded on first use)."""
-        if self._perceiver is None:
-            self._perceiver = Perceiver(self.perception, self.encoder.backbone)
-        return self._perceiver
+        """Labels from a clip's frames, sharing the encoder's Lite0 (loaded on first use, once)."""
+        encoder = self.encoder
+        with self._loading:
+            if self._perceiver is None:
+                self._perceiver = Perceiver(self.perception, encoder.backbone)
+            return self._perceiver
 
     def _projector(self, snap: bool) -> Projector:
         vocabulary = self.model.get_input_embeddings().weight.detach() if snap else None

