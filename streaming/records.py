@@ -33,7 +33,7 @@ METRICS = ("ppl", "accuracy", "decode_ms_per_token", "ttft_s", "evict_share", "k
            "latency_clips", "false_per_hour", "false_per_quiet_hour", "repeats_per_hour", "alert_wall_s", "judge_us",
            "turn_s", "perception_s", "clips_same_kv", "max_kv_tokens", "answers_same", "cell_min", "cell_max",
            "gain_min", "gain_max", "passed", "pairs", "cpu_s_per_hour", "ingest_s_per_hour", "kv_turns_per_hour",
-           "gated_frames", "merged_clips", "max_feature_diff")
+           "gated_frames", "merged_clips", "max_feature_diff", "streams")
 
 
 def record(benchmark, policy, budget, metric, value, x):

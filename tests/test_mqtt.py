@@ -59,6 +59,7 @@ class Subscriber:
         self.client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=name, clean_session=False)
         self.client.on_connect = lambda c, u, f, r, p: c.subscribe("#", qos=1)
         self.client.on_message = self._message
+        self.client.reconnect_delay_set(0.5, 5)  # back soon after a broker's restart, however long it was away
         self.client.connect("127.0.0.1", port)
         self.client.loop_start()
 
@@ -155,6 +156,31 @@ def test_alerts_published_while_the_broker_is_away_arrive_once_it_is_back_and_ov
     finally:
         small.close(wait_s=0.5)
         broker.start()
+
+
+def test_a_broker_away_for_a_minute_gets_every_alert_of_that_minute_once_it_is_back(broker):
+    """Issue 69's outage: the broker stopped for 60 s while an alert comes every 10 s; each is handed over at once,
+    none is lost, each arrives once, in order, after the broker is back."""
+    listener = Subscriber(broker.port, "minute")
+    publisher = Mqtt(f"mqtt://127.0.0.1:{broker.port}", LOCAL, warn=lambda line: None)
+    try:
+        publisher.put(alert(0))
+        assert len(listener.wait("door/alerts", 1)) == 1
+        broker.stop()
+        away, handed = time.monotonic(), []
+        for k in range(1, 7):
+            t0 = time.perf_counter()
+            publisher.put(alert(k))
+            handed.append(time.perf_counter() - t0)
+            time.sleep(max(0.0, away + 10 * k - time.monotonic()))
+        assert time.monotonic() - away >= 60 and max(handed) < 0.5
+        broker.start()
+        ids = [json.loads(body)["id"] for _, body, _ in listener.wait("door/alerts", 7, timeout=60)]
+        assert ids == [f"alert{k}" for k in range(7)]
+    finally:
+        publisher.close()
+        listener.close()
+    assert publisher.counts["dropped"] == 0 and publisher.counts["delivered"] == publisher.counts["queued"]
 
 
 def test_the_server_publishes_every_sessions_alerts_and_counts_them(broker, tmp_path):
