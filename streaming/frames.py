@@ -2,6 +2,7 @@
 (sources.py has the files, cameras, URLs and pipes; page_sources.py the page's player and camera; source_spec.py
 names each kind one way for every front end)."""
 
+import queue
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -54,6 +55,17 @@ class FrameSource:
         if delay > 0:
             self.sleep(delay)
         return max(delay, 0.0)
+
+    def taken(self, frames, timeout: float = 0.1):
+        """The next item a source's queue of pushed frames holds, or None after `timeout`: the wait counted in
+        `waited_s` (a pushed source waits for its sender, not for decoding)."""
+        t0 = self.clock()
+        try:
+            return frames.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        finally:
+            self.waited_s += self.clock() - t0
 
     def asked_at(self) -> float | None:
         return None

@@ -119,15 +119,10 @@ class BrowserCamera(FrameSource):
 
     def __iter__(self) -> Iterator[Frame]:
         while not self.stop.is_set():
-            t0 = self.clock()
-            try:
-                frame = self.frames.get(timeout=0.1)
-            except queue.Empty:
-                self.waited_s += self.clock() - t0
-                # since the page last sent a frame (kept or not), not since ingest took one: a slow clip is no gap
-                if self.last_received is not None and self.clock() - self.last_received > self.timeout:
-                    self.ended = f"the browser camera sent no frame for {self.timeout:g} s"
-                    return
-                continue
-            self.waited_s += self.clock() - t0
-            yield frame
+            frame = self.taken(self.frames)
+            if frame is not None:
+                yield frame
+            # since the page last sent a frame (kept or not), not since ingest took one: a slow clip is no gap
+            elif self.last_received is not None and self.clock() - self.last_received > self.timeout:
+                self.ended = f"the browser camera sent no frame for {self.timeout:g} s"
+                return

@@ -99,13 +99,9 @@ class PushedFrames(FrameSource):
 
     def __iter__(self) -> Iterator[Frame]:
         while not self.stop.is_set():
-            t0 = self.clock()
-            try:
-                item = self.frames.get(timeout=0.1)
-            except queue.Empty:
+            item = self.taken(self.frames)
+            if item is None:
                 continue
-            finally:
-                self.waited_s += self.clock() - t0
             if item is _END:
                 return
             with self._bytes:
