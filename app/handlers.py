@@ -42,6 +42,7 @@ from .views import (
 VIDEO_TYPES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi"}
 TRANSCRIPTS = Path(tempfile.gettempdir()) / "inf_mllm_app"
 PICKED_HOLD_S = 10.0  # a picked alert's frame stays in the detector's view this long before the newest clip's
+SETTLE_S = 10.0  # the most a tick waits for the page to show an answer's last update before writing the chat
 
 
 def check_upload(path: str | None, max_mb: float) -> Path:
@@ -96,10 +97,9 @@ def answered(stamp: str, a) -> str:
 
 def looped(chat) -> str | None:
     """A chat notice the first time the looping player starts the clip again: the page's video time keeps counting
-    past the clip's length, which would otherwise puzzle a viewer (the numbers line shows the lap from then on).
-    Held back while a question is being answered, whose chat update would otherwise overwrite it."""
+    past the clip's length, which would otherwise puzzle a viewer (the numbers line shows the lap from then on)."""
     source = getattr(chat, "source", None)
-    if not isinstance(source, PlaybackSource) or source.lap < 1 or chat.lap_said or chat.in_flight:
+    if not isinstance(source, PlaybackSource) or source.lap < 1 or chat.lap_said:
         return None
     chat.lap_said = True
     return (f"↻ {chat.label} looped: lap {source.lap + 1} begins at video time {source.now():.1f} s. Video time keeps "
@@ -107,10 +107,22 @@ def looped(chat) -> str | None:
             f"the numbers line shows the lap.")
 
 
+def settled(chat, history: list) -> bool:
+    """Whether the tick may write the chat. It writes the chat it was handed, the page's as it was when the tick fired:
+    while a question is being answered, or before the answer's last update has reached the page, that chat is behind,
+    and writing it would overwrite the answer (its timings line once went missing that way, a lap notice in its
+    place). Notices and alerts wait for the next tick; after `SETTLE_S` a chat without the answer (cleared) is taken."""
+    if chat is None or chat.asking or chat.in_flight:
+        return False
+    if chat.answer_shown is None:
+        return True
+    last_line, at = chat.answer_shown
+    return time.monotonic() - at > SETTLE_S or any(last_line in str(m) for m in history[-4:])
+
+
 def new_alerts(chat) -> list[str]:
-    """The chat lines of the alerts fired since the last tick; held back, as the lap notice is, while a question is
-    being answered."""
-    if chat is None or chat.in_flight:
+    """The chat lines of the alerts fired since the last tick."""
+    if chat is None:
         return []
     alerts = chat.watches.alerts
     fresh, chat.alerts_said = alerts[chat.alerts_said:], len(alerts)
@@ -243,16 +255,21 @@ class Handlers:
         if refused:
             yield chat, say(history, refused), gr.skip(), ""
             return
-        out = chat.ask(text)
-        history = say(history, "…")
-        yield chat, history, gr.skip(), ""
-        shown = _Shown(chat, history)
-        while True:
-            event = out.get()
-            if (update := event.to(shown)) is not None:
-                yield update
-            if event.final:
-                return
+        chat.asking += 1
+        try:
+            out = chat.ask(text)
+            history = say(history, "…")
+            yield chat, history, gr.skip(), ""
+            shown = _Shown(chat, history)
+            while True:
+                event = out.get()
+                if (update := event.to(shown)) is not None:
+                    yield update
+                if event.final:
+                    chat.answer_shown = str(shown.history[-1]["content"]).splitlines()[-1], time.monotonic()
+                    return
+        finally:
+            chat.asking -= 1
 
     @staticmethod
     def tick(video: gr.Video, chat, history, boxes_on, watched):
@@ -269,7 +286,7 @@ class Handlers:
         else:
             plots = (gr.skip(),) * 4
         notices, chat_out = chat.notices if chat else [], gr.skip()
-        said = [*notices, *filter(None, [looped(chat)]), *new_alerts(chat)]
+        said = [*notices, *filter(None, [looped(chat)]), *new_alerts(chat)] if settled(chat, history) else []
         if said:
             for n in said:
                 history = say(history, n)
