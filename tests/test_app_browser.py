@@ -64,9 +64,9 @@ def settled(page, quiet=2.0, timeout=30) -> dict:
 
 
 def send(page, question, expect=r"s to first token|⚠", timeout=180) -> str:
-    """The answer's message. A question about now waits for ingest to reach the player's position: a few seconds
-    alone, 13-37 s on a 2-core machine running as much again beside it (the answer's first token then still comes
-    in under 4 s), and CI's slower machine beside the other worker's tests once took over 60."""
+    """The answer's message (its timings line marks it whole). A question about now waits for ingest to reach the
+    player's position: a few seconds alone, 13-37 s on a 2-core machine running as much again beside it (the
+    answer's first token then still comes in under 4 s)."""
     before = len(messages(page))
     page.fill("#question textarea", question)
     page.click("#send")
