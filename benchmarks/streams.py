@@ -67,8 +67,7 @@ def run(args):
     model, tok = load_model()
     bandwidth = read_bandwidth()
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    if linear.chosen() == "onednn":  # INF_MLLM_LINEAR=onednn: the same bytes read, by oneDNN's products
-        linear.use_onednn(model)
+    linear.as_chosen(model)  # INF_MLLM_LINEAR=onednn: the same bytes read, by oneDNN's products
     records = []
     for n in tqdm(counts, desc="streams"):
         for mode, result in decode_rounds(model, tok, n, rounds).items():

@@ -4,7 +4,7 @@ A decode step on a CPU is matrix products of one row (a lone stream) or a few (a
 weight. torch sends `nn.Linear` to MKL, whose small-row products on the AMD EPYC measured here read the weights at a
 third of the machine's bandwidth, and two rows cost about twice one (`python -m benchmarks cpu_step`). oneDNN, which
 torch ships too, runs the same products from a weight packed once for it at up to 2.5x the speed, and a few rows for
-little more than one. Its sums run in another order, so logits differ from the default's in their last bits (~3e-5)
+little more than one. Its sums run in another order, so logits differ from the default's in their last bits (~1e-4)
 and a greedy token can differ; hence an option, its tokens and answers measured beside its speed (results README
 "cpu_step"), while the default stays torch's own.
 
@@ -53,4 +53,11 @@ def use_onednn(model: nn.Module) -> nn.Module:
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.bias is None and child.weight.dtype == torch.float32:
                 setattr(parent, name, OneDnnLinear(child))
+    return model
+
+
+def as_chosen(model: nn.Module) -> nn.Module:
+    """`model` on oneDNN where `ENV` asks for it and the model is on a CPU; else as it is."""
+    if chosen() == "onednn" and next(model.parameters()).device.type == "cpu":
+        use_onednn(model)
     return model

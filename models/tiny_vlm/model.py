@@ -145,8 +145,7 @@ class TinyVLM(TinyTurns, VideoAdapter):
         self.projector = self._projector(self.config.get("snap_to_vocabulary", False)).to(device).eval()
         if trained:
             self._load(Path(weights))
-            if linear.chosen() == "onednn" and torch.device(device).type == "cpu":  # opt-in (inf_mllm/linear.py)
-                linear.use_onednn(self.model)
+            linear.as_chosen(self.model)  # the opt-in oneDNN products (inf_mllm/linear.py), once the LoRA is merged
         self._encoder = None
         self._loading = threading.Lock()  # the encoder and perceiver are made once, on the first clip of any stream
 
