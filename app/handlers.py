@@ -4,6 +4,7 @@ ask about it, take the browser camera's frames, and let a session go when its ta
 page (`ui.build`), holding its open chats."""
 
 import json
+import queue
 import tempfile
 import time
 import uuid
@@ -42,6 +43,7 @@ from .views import (
 VIDEO_TYPES = {".mp4", ".m4v", ".mov", ".webm", ".mkv", ".avi"}
 TRANSCRIPTS = Path(tempfile.gettempdir()) / "inf_mllm_app"
 PICKED_HOLD_S = 10.0  # a picked alert's frame stays in the detector's view this long before the newest clip's
+WAIT_LINE_S = 1.0  # how often a question without its first token says again what it waits for
 SETTLE_S = 10.0  # the most a tick waits for the page to show an answer's last update before writing the chat
 
 
@@ -257,12 +259,19 @@ class Handlers:
             return
         chat.asking += 1
         try:
-            out = chat.ask(text)
+            at = chat.source.asked_at()  # what ask() takes by itself; kept to say what the question waits for
+            out = chat.ask(text, at=at)
             history = say(history, "…")
             yield chat, history, gr.skip(), ""
-            shown = _Shown(chat, history)
+            shown, waiting = _Shown(chat, history), ""
             while True:
-                event = out.get()
+                try:
+                    event = out.get(timeout=WAIT_LINE_S)
+                except queue.Empty:
+                    if (line := waiting_line(chat, at)) != waiting:
+                        waiting, history[-1] = line, {"role": "assistant", "content": line}
+                        yield chat, history, gr.skip(), gr.skip()
+                    continue
                 if (update := event.to(shown)) is not None:
                     yield update
                 if event.final:
@@ -303,6 +312,15 @@ class Handlers:
     def push_frame(frame, chat):
         if chat is not None and isinstance(chat.source, BrowserCamera) and frame is not None:
             chat.source.push(np.asarray(frame))
+
+
+def waiting_line(chat, at: float) -> str:
+    """The placeholder of a question still without its first token: "…", or what it waits for when the stream has
+    not yet seen the moment it asks about (a busy CPU's ingest behind the player), so a slow answer says why."""
+    seen = chat.engine.video_t
+    if at is None or seen >= at:
+        return "…"
+    return f"… waiting for the stream to reach {clock(at)} (seen up to {clock(seen)})"
 
 
 class _Shown(Handler):

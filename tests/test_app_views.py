@@ -141,3 +141,18 @@ def watched_session(chat):
     assert frame["value"][0] == alert["snapshot"] and frame["label"].startswith("Alert · ")
     assert tick(chat, 9.8)[6] == gr.skip()  # the picked frame stays a while, not replaced by the newest clip's
     assert Handlers.pick(chat, SimpleNamespace(index=99)) == (gr.skip(), gr.skip())
+
+
+def test_a_question_the_stream_has_not_reached_says_what_it_waits_for_then_its_answer(handlers, monkeypatch):
+    """The player ran ahead of ingest (a fresh session: the frames up to 9 s released at once, none seen yet): the
+    question's placeholder says the moment it waits for and how far the stream has seen, then the answer replaces it."""
+    monkeypatch.setattr("app.handlers.WAIT_LINE_S", 0.02)  # say it at once: ingest's first frame takes longer
+    chat = opened(handlers)
+    try:
+        assert until(lambda: chat.source.yielded_t is not None)
+        shown = [str(update[1][-1]["content"]) for update in handlers.ask(chat, [], "what is on screen?")]
+        waiting = [line for line in shown if line.startswith("… waiting for the stream to reach ")]
+        assert waiting and waiting[0].endswith("(seen up to 0:00)"), shown
+        assert "s to first token" in shown[-1] and not shown[-1].startswith("…"), shown
+    finally:
+        handlers.release(chat)
