@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from models import centernet as cn
+from models import tfjs_graph as tfjs
 from tests.fixtures.detector.centernet_inputs import images
 
 FIXTURE = Path(__file__).parent / "fixtures" / "detector" / "centernet_tfjs.json"
@@ -44,16 +45,16 @@ def test_words_are_the_vocabulary_of_tiny_vlm():
 
 
 def test_same_padding_puts_the_odd_row_after():
-    assert cn._same(512, 3, 2) == (0, 1)  # what a symmetric torch padding gets wrong
-    assert cn._same(128, 5, 1) == (2, 2)
-    assert cn._same(32, 3, 2) == (0, 1)
+    assert tfjs._same(512, 3, 2) == (0, 1)  # what a symmetric torch padding gets wrong
+    assert tfjs._same(128, 5, 1) == (2, 2)
+    assert tfjs._same(32, 3, 2) == (0, 1)
 
 
 def test_resize_matches_torch_where_their_grids_agree():
     x = torch.rand(1, 7, 9, 3)
     size = torch.tensor([12, 5])
     for corners, half in ((False, True), (True, False)):
-        mine = cn.resize_bilinear({"align_corners": corners, "half_pixel_centers": half}, x, size)
+        mine = tfjs.resize_bilinear({"align_corners": corners, "half_pixel_centers": half}, x, size)
         theirs = F.interpolate(x.permute(0, 3, 1, 2), size=(12, 5), mode="bilinear", align_corners=corners)
         assert torch.allclose(mine, theirs.permute(0, 2, 3, 1), atol=1e-6)
 
