@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from jetson.reliability import edges
-from jetson.reliability.hostile import listener
+from jetson.reliability.forgery import listener
 from jetson.reliability.server import TOKEN, Row, run_rows, serving
 from streaming.sources import bundled_clip
 

@@ -91,7 +91,7 @@ def test_a_replica_killed_mid_answer_loses_no_delivered_answer_and_no_stored_cli
 def test_the_url_policy_holds_behind_ray(cluster):
     """A replica opens source URLs by the same policy as `python -m serve`: a loopback or private address is refused
     in one line before any request is made (the listener here counts 0), and a password never comes back."""
-    from jetson.reliability.hostile import listener
+    from jetson.reliability.forgery import listener
 
     _, url, _ = cluster
     client = Client(url)

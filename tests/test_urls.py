@@ -4,7 +4,7 @@ count every request they get."""
 
 import pytest
 
-from jetson.reliability.hostile import listener
+from jetson.reliability.forgery import listener
 from streaming.urls import LOCAL, SERVER, UrlPolicy, UrlRefused, playlist_entries, redact
 
 
