@@ -24,7 +24,8 @@ STREAMS = 4
 
 
 def run(args):
-    from jetson.reliability.server import TOKEN, run_rows, serving
+    from jetson.reliability.server import run_rows
+    from jetson.reliability.serving import TOKEN, serving
     from streaming.remote import Client
 
     quiet_rounds = 2 if args.quick else 6

@@ -101,7 +101,7 @@ def served(tmp: Path) -> tuple[list, list, dict]:
     """The server's three ways on one real `python -m serve`: native `at`, chat completions, Realtime."""
     from openai import OpenAI
 
-    from jetson.reliability.server import TOKEN, serving
+    from jetson.reliability.serving import TOKEN, serving
     from streaming.remote import Client, encoded
     from streaming.sources import FileSource, bundled_clip
 

@@ -40,7 +40,7 @@ SSE_BATCH_MS = 50  # Ray's tokens after an answer's first go out in chunks of 50
 
 
 def run(args):
-    from jetson.reliability.server import serving
+    from jetson.reliability.serving import serving
 
     counts = [1, 2] if args.quick else [1, 2, 4]
     rounds = 2 if args.quick else 6

@@ -7,7 +7,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from jetson.reliability.server import stop, wait_until_up
+from jetson.reliability.serving import stop, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTEFACTS = ROOT / "tests" / "artefacts"  # screenshots and logs of the browser tests (git-ignored)

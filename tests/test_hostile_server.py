@@ -9,7 +9,8 @@ import pytest
 
 from jetson.reliability import edges
 from jetson.reliability.forgery import listener
-from jetson.reliability.server import TOKEN, Row, run_rows, serving
+from jetson.reliability.server import Row, run_rows
+from jetson.reliability.serving import TOKEN, serving
 from streaming.sources import bundled_clip
 
 pytestmark = pytest.mark.slow  # a server of its own (~30 s to load the model)

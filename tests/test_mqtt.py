@@ -211,7 +211,7 @@ def test_the_server_publishes_every_sessions_alerts_and_counts_them(broker, tmp_
     import cv2
     import httpx
 
-    from jetson.reliability.server import TOKEN, serving
+    from jetson.reliability.serving import TOKEN, serving
     from streaming.sources import FileSource, bundled_clip
 
     listener = Subscriber(broker.port, "listener")

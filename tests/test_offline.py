@@ -21,7 +21,7 @@ from app_server import ARTEFACTS, CHROMIUM, ROOT, chromium, free_port
 from PIL import Image, ImageStat
 
 from app.measure import messages, wait
-from jetson.reliability.server import stop, wait_until_up
+from jetson.reliability.serving import stop, wait_until_up
 from streaming.offline import SWITCHES, stay_offline
 from streaming.remote import Client
 from streaming.sources import FileSource, bundled_clip

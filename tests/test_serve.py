@@ -12,7 +12,8 @@ import cv2
 import httpx
 import pytest
 
-from jetson.reliability.server import TOKEN, free_port, run_rows, serving
+from jetson.reliability.server import run_rows
+from jetson.reliability.serving import TOKEN, free_port, serving
 from streaming.remote import Client, RemoteError
 from streaming.sources import FileSource, bundled_clip
 

@@ -14,7 +14,7 @@ from openai import (
     UnprocessableEntityError,
 )
 
-from jetson.reliability.server import TOKEN, serving
+from jetson.reliability.serving import TOKEN, serving
 from streaming.remote import Client, encoded
 from streaming.sources import FileSource, bundled_clip
 

@@ -15,7 +15,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from jetson.reliability.hostile import png_announcing
-from jetson.reliability.server import TOKEN, serving
+from jetson.reliability.serving import TOKEN, serving
 from streaming.remote import Client, encoded
 from streaming.sources import FileSource, bundled_clip
 

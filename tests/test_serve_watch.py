@@ -10,7 +10,7 @@ import cv2
 import httpx
 import pytest
 
-from jetson.reliability.server import TOKEN, serving
+from jetson.reliability.serving import TOKEN, serving
 from streaming.sources import FileSource, bundled_clip
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

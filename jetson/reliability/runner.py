@@ -152,13 +152,13 @@ def run_library(case: Case, tmp: Path, adapter) -> dict:
 
 def server_rows(folder: Path, only: str | None) -> list[dict]:
     """The server's rows (server.py), against one `python -m serve` of their own."""
-    from . import server
+    from . import server, serving
 
     if only and not any(re.search(only, row.name) for row in server.ROWS):
         return []
     tmp = folder / "server"
     tmp.mkdir()
-    with server.serving(tmp) as (url, media, process):
+    with serving.serving(tmp) as (url, media, process):
         rows = server.run_rows(url, media, only, pid=process.pid)
         alive = process.poll() is None
     for row in rows:

@@ -1,18 +1,14 @@
 """The server rows of the reliability table: bad requests to a real `python -m serve` over loopback, each with the
 HTTP status it must get, a JSON body of one line and no traceback, and the server still up after it.
 
-`serving(tmp)` starts the server the rows run against (its own process, a token, small limits, a media folder of
-real files and a link leading out of it); `run_rows(url, media)` runs every row and judges it. Nothing here talks
-to any address but 127.0.0.1.
+`serving.serving(tmp)` starts the server the rows run against; `run_rows(url, media)` runs every row and judges it.
+Nothing here talks to any address but 127.0.0.1.
 """
 
 import asyncio
-import contextlib
 import io
 import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,10 +21,8 @@ from PIL import Image
 from streaming.remote import encoded
 
 from . import edges, hostile, watches
-from .media import clip, write_video
-
-TOKEN = "reliability-token"
-LIMITS = {"max_sessions": 4, "max_questions": 4, "max_upload_mb": 1.0, "max_session_questions": 6}
+from .media import clip
+from .serving import LIMITS, TOKEN
 
 
 @dataclass
@@ -362,68 +356,3 @@ def run_rows(url: str, media: Path, only: str | None = None, pid: int | None = N
             if each is not None:
                 each(rows[-1])
     return rows
-
-
-def media_folder(tmp: Path) -> Path:
-    """Real files the pulling rows name, and a link that leads out of the folder."""
-    media = tmp / "media"
-    media.mkdir(parents=True, exist_ok=True)
-    (media / "bikes.mp4").write_bytes(Path(clip()).read_bytes())
-    (media / "picture.png").write_bytes(hostile.image("PNG"))
-    (media / "empty.mp4").write_bytes(b"")
-    outside = write_video(tmp / "outside-real.mp4", 64, 48)
-    with contextlib.suppress(FileExistsError):
-        (media / "outside.mp4").symlink_to(outside)
-    return media
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serving(tmp: Path, *extra: str, token: str | None = TOKEN, **limits):
-    """`python -m serve` on a free loopback port with the table's limits; yields (url, media, process)."""
-    media = media_folder(tmp)
-    port = free_port()
-    settings = LIMITS | limits
-    args = [sys.executable, "-m", "serve", "--port", str(port), "--media", str(media),
-            "--max-sessions", str(settings["max_sessions"]), "--max-questions", str(settings["max_questions"]),
-            "--max-upload-mb", str(settings["max_upload_mb"]),
-            "--max-session-questions", str(settings["max_session_questions"]),
-            "--allow-url-host", "127.0.0.1", *extra]  # a camera host the operator allows: 127.0.0.2 stays refused
-    env = dict(os.environ, STREAM_QA_TOKEN=token or "")
-    log = open(tmp / "server.log", "wb")
-    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_up(process, f"{url}/healthz", tmp / "server.log", timeout=300)
-        yield url, media, process
-    finally:
-        stop(process, log, grace=30)
-
-
-def wait_until_up(process: subprocess.Popen, url: str, log: Path, timeout: float) -> None:
-    """Until `url` answers 200; a process that exits first, or `timeout` seconds, is an error with its log."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"{process.args[2]} exited ({process.returncode}): {log.read_text()}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} did not answer within {timeout:g} s: {log.read_text()[-2000:]}")
-        time.sleep(0.25)
-
-
-def stop(process: subprocess.Popen, log, grace: float) -> None:
-    """SIGTERM, `grace` seconds to finish, then SIGKILL; its log file closed."""
-    process.terminate()
-    try:
-        process.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
