@@ -19,7 +19,6 @@ Suppression here is per class, as in `models.detector` (upstream's crosses class
 bicycle's), and a frame keeps 20 boxes (upstream 10).
 """
 
-import json
 import shutil
 import subprocess
 import sys
@@ -33,7 +32,7 @@ import torch
 
 from inf_mllm import AssetError
 from inf_mllm.loader import cache_dir
-from models.detector import Box, ClipObjects, _sha256, nms, vote
+from models.detector import Box, ClipObjects, _sha256, command, nms, vote
 from models.tfjs_graph import Graph, resize_bilinear
 
 PACKAGE = "@vladmandic/human@3.3.6"
@@ -162,21 +161,7 @@ class CenterNet:
 
 
 def main(argv: list[str]) -> int:
-    if argv[:1] == ["fetch"]:
-        try:
-            print(fetch_centernet())
-        except AssetError as err:
-            print(f"models.centernet: {err}", file=sys.stderr)
-            return 2
-        return 0
-    if argv[:1] == ["detect"] and len(argv) == 2:
-        from PIL import Image
-
-        image = np.asarray(Image.open(argv[1]).convert("RGB"))
-        print(json.dumps([b.as_dict() for b in CenterNet().frame(image)]))
-        return 0
-    print("usage: python -m models.centernet fetch | detect IMAGE", file=sys.stderr)
-    return 2
+    return command(argv, "models.centernet", fetch_centernet, CenterNet)
 
 
 if __name__ == "__main__":

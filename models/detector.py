@@ -322,20 +322,30 @@ def shared() -> Detector:
         return _SHARED
 
 
-def main(argv: list[str]) -> int:
+def command(argv: list[str], name: str, fetch_weights, detector) -> int:
+    """A detector module's command line, `python -m NAME fetch | detect IMAGE`: `fetch_weights()` caches the weights
+    and returns where; `detector()` is the detector whose boxes `detect` prints as JSON."""
     if argv[:1] == ["fetch"]:
         try:
-            print(fetch())
+            print(fetch_weights())
         except AssetError as err:
-            print(f"models.detector: {err}", file=sys.stderr)
+            print(f"{name}: {err}", file=sys.stderr)
             return 2
         return 0
     if argv[:1] == ["detect"] and len(argv) == 2:
-        image = np.asarray(Image.open(argv[1]).convert("RGB"))
-        print(json.dumps([b.as_dict() for b in shared().frame(image)]))
+        try:
+            image = np.asarray(Image.open(argv[1]).convert("RGB"))
+        except OSError as err:  # missing, unreadable, or no image
+            print(f"{name}: cannot read {argv[1]}: {err}", file=sys.stderr)
+            return 2
+        print(json.dumps([b.as_dict() for b in detector().frame(image)]))
         return 0
-    print("usage: python -m models.detector fetch | detect IMAGE", file=sys.stderr)
+    print(f"usage: python -m {name} fetch | detect IMAGE", file=sys.stderr)
     return 2
+
+
+def main(argv: list[str]) -> int:
+    return command(argv, "models.detector", fetch, shared)
 
 
 if __name__ == "__main__":

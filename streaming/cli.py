@@ -251,12 +251,10 @@ def _run(args, out) -> int:
     return _run_here(args, out, source, said, folder, (qs, use_stdin), soak, str(video) if video else None)
 
 
-def _run_here(args, out, source, said: str, folder, questions: tuple, soak, video) -> int:
-    """One stream on this machine: the model loads (torch and transformers, once the input is known good), the
-    session opens (or resumes from its folder), and its engine runs the source (or the soak)."""
+def _loaded(args, said: str):
+    """The model `--model` names, loaded on `--device` (torch and transformers import now, once the input is known
+    good); UsageError (one line) for a model or device this machine does not have."""
     from models import ADAPTERS, load_adapter
-
-    from .open import open_stream  # lazy: imports torch
 
     name, *path = args.model
     if (why := unknown_model(name, ADAPTERS)) is not None:
@@ -267,6 +265,15 @@ def _run_here(args, out, source, said: str, folder, questions: tuple, soak, vide
         quiet_loaders()
     adapter = load_adapter(name, path[0] if path else None, device=args.device)
     adapter.detect = args.detect
+    return adapter
+
+
+def _run_here(args, out, source, said: str, folder, questions: tuple, soak, video) -> int:
+    """One stream on this machine: the model loads (torch and transformers, once the input is known good), the
+    session opens (or resumes from its folder), and its engine runs the source (or the soak)."""
+    from .open import open_stream  # lazy: imports torch
+
+    adapter = _loaded(args, said)
     pool, config, _ = open_here(args, adapter)
     try:
         stream = open_stream(config, source, pool, adapter, folder)
@@ -331,7 +338,6 @@ def _run_several(args, sources, out) -> int:
     try:
         check_args(args)
         _check_watches(args)
-        name, *path = args.model
         opened = open_sources(args, sources)
         lengths = [source.duration for _, source in opened]
         qs, _ = questions_from(args, None if None in lengths else min(lengths) * args.loop)
@@ -340,16 +346,7 @@ def _run_several(args, sources, out) -> int:
         args.policy = policy_spec(args, folders[0]).name  # what the session folders record (+recall included)
         common = {k: getattr(args, k) for k in SESSION_SETTINGS}
         settings = [common | dict.fromkeys(SOURCE_KEYS) | where for _, where in sources]
-        from models import ADAPTERS, load_adapter
-
-        if (why := unknown_model(name, ADAPTERS)) is not None:
-            raise UsageError(why)
-        check_device(args.device)
-        print(f"stream-qa: {len(sources)} sources; loading {name}…", file=sys.stderr)
-        if not args.verbose:
-            quiet_loaders()
-        adapter = load_adapter(name, path[0] if path else None, device=args.device)
-        adapter.detect = args.detect
+        adapter = _loaded(args, f"{len(sources)} sources")
     except BaseException:
         for folder in folders:
             if folder is not None:
