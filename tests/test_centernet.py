@@ -95,7 +95,7 @@ def test_finds_the_cyclist_and_the_astronaut(net, shots):
 
 
 def test_fetch_without_npm_says_how_to_fix(tmp_path, monkeypatch):
-    monkeypatch.setattr(cn.shutil, "which", lambda name: None)
+    monkeypatch.setattr("models.detector.shutil.which", lambda name: None)  # where npm is looked for
     with pytest.raises(cn.AssetError, match="npm"):
         cn.fetch_centernet(tmp_path)
     with pytest.raises(cn.AssetError, match="models.centernet fetch"):
