@@ -25,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--duration", help="or stop after a wall-clock time such as 30m or 2h")
     s.add_argument("--question-every", type=int, default=10, metavar="K", help="a question every K rounds")
     s.add_argument("--sample-s", type=float, default=5.0, help="seconds between memory samples (default 5)")
-    s.add_argument("--warmup", type=float, default=0.2, help="share of rounds left out of the slope fit")
+    s.add_argument("--warmup", type=float, default=0.2,
+                   help="share of rounds left out of the slope fit (and always those before the cache is full and, "
+                        "where that leaves half the rounds, before the second answer)")
     s.add_argument("--model", default="tiny-vlm")
     add_options(s, option_names(), SOAK_DEFAULTS)
     s.add_argument("--compare-full", type=float, metavar="X", default=0,
