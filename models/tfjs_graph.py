@@ -2,8 +2,9 @@
 
 No TensorFlow: each op the CenterNet graph uses (`models/centernet.py`) is a few lines of torch, run in the graph's
 order, NHWC as TensorFlow holds it, in fp32, with float16-quantised weights widened. A graph holding an op without a
-function here is refused when it loads (`AssetError`, one line). Proven against tfjs 4.22 through CenterNet in
-`tests/test_centernet.py`.
+function here is refused when it loads, and an attribute these functions do not read (another data format, a fused
+activation or slice mask CenterNet does not use) when it runs (`AssetError`, one line each). Proven against tfjs
+4.22 through CenterNet in `tests/test_centernet.py`.
 """
 
 import base64
@@ -76,7 +77,7 @@ def _window(x: torch.Tensor, kh: int, kw: int, attr: dict, value: float = 0.0) -
 def _conv(x: torch.Tensor, w: torch.Tensor, attr: dict, groups: int = 1) -> torch.Tensor:
     """NHWC input, OIHW torch weight: the convolution both conv ops share (a 1×1 one is a matrix product)."""
     if attr.get("data_format", "NHWC") != "NHWC":
-        raise NotImplementedError("tfjs graph: only NHWC convolutions")
+        raise AssetError(f"tfjs graph: a {attr['data_format']} convolution; this reader runs NHWC ones only")
     stride, dilation = attr["strides"][1:3], (attr.get("dilations") or [1, 1, 1, 1])[1:3]
     if groups == 1 and w.shape[2:] == (1, 1) and stride == [1, 1]:
         return (x.reshape(-1, x.shape[-1]) @ w[:, :, 0, 0].T).reshape(*x.shape[:3], w.shape[0])
@@ -103,7 +104,7 @@ def _fused(y: torch.Tensor, attr: dict, args: list[torch.Tensor]) -> torch.Tenso
         elif op == "Sigmoid":
             y = torch.sigmoid(y)
         else:
-            raise NotImplementedError(f"tfjs graph: fused op {op}")
+            raise AssetError(f"tfjs graph: a convolution fused with {op}, which this reader lacks")
     return y
 
 
@@ -159,7 +160,7 @@ def resize_bilinear(attr, x, size):
 def strided_slice(attr, x, begin, end, strides):
     """Only what this graph uses: begin/end masks, no new, shrunk or elided axes."""
     if attr.get("new_axis_mask") or attr.get("shrink_axis_mask") or attr.get("ellipsis_mask"):
-        raise NotImplementedError("tfjs graph: StridedSlice masks beyond begin/end")
+        raise AssetError("tfjs graph: a StridedSlice with new, shrunk or elided axes, which this reader lacks")
     index = []
     for axis, (b, e, s) in enumerate(zip(begin.tolist(), end.tolist(), strides.tolist(), strict=True)):
         b = None if attr.get("begin_mask", 0) >> axis & 1 else b

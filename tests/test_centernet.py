@@ -44,6 +44,16 @@ def test_words_are_the_vocabulary_of_tiny_vlm():
     assert set(cn.WORDS[1:]) <= set(OBJECTS)
 
 
+def test_a_graph_attribute_the_reader_lacks_is_refused_in_one_line():
+    x = torch.zeros(1, 4, 4, 3)
+    with pytest.raises(cn.AssetError, match="a NCHW convolution; this reader runs NHWC ones only"):
+        tfjs.conv2d({"data_format": "NCHW", "strides": [1, 1, 1, 1], "padding": "SAME"}, x, torch.zeros(1, 1, 3, 2))
+    with pytest.raises(cn.AssetError, match="fused with Tanh"):
+        tfjs._fused(x, {"fused_ops": ["Tanh"]}, [])
+    with pytest.raises(cn.AssetError, match="StridedSlice with new, shrunk or elided axes"):
+        tfjs.strided_slice({"shrink_axis_mask": 1}, x, torch.zeros(4, dtype=torch.int32), None, None)
+
+
 def test_same_padding_puts_the_odd_row_after():
     assert tfjs._same(512, 3, 2) == (0, 1)  # what a symmetric torch padding gets wrong
     assert tfjs._same(128, 5, 1) == (2, 2)
