@@ -263,7 +263,7 @@ class Handlers:
             out = chat.ask(text, at=at)
             history = say(history, "…")
             yield chat, history, gr.skip(), ""
-            shown, waiting = _Shown(chat, history), ""
+            shown, waiting = _Shown(chat, history), "…"  # what the chat shows until the first token
             while True:
                 try:
                     event = out.get(timeout=WAIT_LINE_S)
@@ -314,7 +314,7 @@ class Handlers:
             chat.source.push(np.asarray(frame))
 
 
-def waiting_line(chat, at: float) -> str:
+def waiting_line(chat, at: float | None) -> str:
     """The placeholder of a question still without its first token: "…", or what it waits for when the stream has
     not yet seen the moment it asks about (a busy CPU's ingest behind the player), so a slow answer says why."""
     seen = chat.engine.video_t
