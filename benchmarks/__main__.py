@@ -14,7 +14,8 @@ stream-qa, the app's path, the server's native, chat-completions and Realtime ro
 several streams in one forward against one a round), watch (detector-backed watches over the natural hour:
 precision, recall, latency, false alerts, the re-arm settings swept), watch_model (the same kinds as the model's
 yes/no questions: precision, recall, the cache and answers against a stream without watches, 16 watches' cost),
-watch_delivery (a stream's pace with its alerts handed to a 10-s webhook and to a broker that is gone), gate (the
+watch_delivery (a stream's pace with its alerts handed to a 10-s webhook and to a broker that is gone), watch_kv (the
+KV cache of a stream with 16 model watches over 1,000 clips against one with none), gate (the
 change gate's measure on moving, still and entering footage; a still camera's and bikes.mp4's cost with it on and off),
 perception_runtime (tiny-vlm's perception on ONNX Runtime against torch: CPU per stage, the same words), cpu_step (a
 lone stream's decode step against its bandwidth floor and llama.cpp on the same GGUF, fp32 and bf16).
@@ -29,7 +30,7 @@ import sys
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
          "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural", "fingerprint",
          "recall_path", "streams", "serve", "hf_template", "link_modes", "link_time", "ingest", "hostile", "decode_ab",
-         "now", "packed", "watch", "watch_model", "watch_delivery", "gate", "perception_runtime", "cpu_step")
+         "now", "packed", "watch", "watch_model", "watch_delivery", "watch_kv", "gate", "perception_runtime", "cpu_step")
 
 
 def main(argv=None) -> int:

@@ -43,9 +43,9 @@ def model_watches(texts, session: str) -> Watches:
     return Watches([Watcher(Watch(text, ()), i, cooldown_s=30.0) for i, text in enumerate(texts)], session)
 
 
-def stream(vlm, visual, order, watches, ask: bool = True, desc: str = "streaming"):
+def stream(vlm, visual, order, watches, ask: bool = True, desc: str = "streaming", kv_bytes: list | None = None):
     """The clips through a fresh stream with `watches`: (alert clips by watch, KV tokens after each clip, its answers,
-    each clip's turn and judging in seconds)."""
+    each clip's turn and judging in seconds); the cache's bytes after each clip appended to `kv_bytes` if given."""
     engine = TurnEngine(vlm, vlm.new_session("inf_mllm+recall", budget=BUDGET), clip_seconds=CLIP_S)
     engine.watches = watches
     fired = {w.watch.text: [] for w in watches.watchers} if watches is not None else {}
@@ -56,6 +56,8 @@ def stream(vlm, visual, order, watches, ask: bool = True, desc: str = "streaming
             engine.feed(Clip(k + 1, k * CLIP_S, (k + 1) * CLIP_S, visual[name], 0.0))
             spent.append(time.perf_counter() - t0)
             kv.append(engine.session.kv_tokens)
+            if kv_bytes is not None:
+                kv_bytes.append(engine.session.kv_bytes)
             for alert in engine.fired:
                 fired[alert["alert"]].append(k)
             if ask and (k + 1) % ASKED_EVERY == 0:
