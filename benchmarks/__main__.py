@@ -30,7 +30,8 @@ import sys
 NAMES = ("stream_ppl", "retrieval", "latency", "prefill", "hf_models", "compiled_decode", "sdpa_backends",
          "static_cache", "tiny_vlm", "video_qa", "arena", "real_scenes", "perception", "natural", "fingerprint",
          "recall_path", "streams", "serve", "hf_template", "link_modes", "link_time", "ingest", "hostile", "decode_ab",
-         "now", "packed", "watch", "watch_model", "watch_delivery", "watch_kv", "gate", "perception_runtime", "cpu_step")
+         "now", "packed", "watch", "watch_model", "watch_delivery", "watch_kv", "gate", "perception_runtime",
+         "cpu_step")
 
 
 def main(argv=None) -> int:
