@@ -1,4 +1,5 @@
-"""Model-backed watches over the natural hour: `python -m benchmarks watch_model [--quick] [--tokens CLIPS]`.
+"""Model-backed watches over the natural hour: `python -m benchmarks watch_model [--quick] [--tokens CLIPS]
+[--policies watches cost pool]` (the parts to run; all by default).
 
 The montage and its truth are `watch`'s; here each kind is watched as the model's own yes/no question ("is there a
 person?") after every clip, a side question that leaves the cache with its answer, instead of by the detector's counts.
@@ -123,12 +124,33 @@ def pool_cost(vlm, visual, first, streams: int = 4, watches: int = 4) -> list[di
             record("watch_model", label, BUDGET, "ratio", watched / plain, "round with watches / without")]
 
 
+PARTS = ("watches", "cost", "pool")  # `--policies` picks: the montage's alerts and answers, 16 watches' cost, the pool
+
+
 def run(args):
+    parts = args.policies or PARTS
+    if set(parts) - set(PARTS):
+        raise SystemExit(f"watch_model: --policies takes parts of the run: {', '.join(PARTS)}")
     clips = int(args.tokens) if getattr(args, "tokens", None) else (150 if args.quick else HOUR_CLIPS)
-    table, order = pieces(), compose(random.Random(0), clips)
-    truth = {text: [thing in table[name].things for name in order] for text, thing in KINDS.items()}
+    order = compose(random.Random(0), clips)
     vlm = TinyVLM()
-    visual = encode_pieces(vlm, set(order))
+    visual = encode_pieces(vlm, set(order) if "watches" in parts else set(order[:COST_CLIPS]))
+    recs = watched(vlm, visual, order) if "watches" in parts else []
+    if "cost" in parts:
+        recs += cost(vlm, visual, order[:COST_CLIPS])
+    if "pool" in parts:
+        recs += pool_cost(vlm, visual, order[:POOL_CLIPS])
+    write(Path(args.out), "watch_model", recs, [])
+    print(f"watch_model: {clips} clips of {CLIP_S:g} s, {machine().get('cpu')}")
+    print_table(recs, ["precision", "recall", "latency_clips", "false_per_hour", "clips_same_kv", "max_kv_tokens",
+                       "answers_same", "turn_s", "perception_s", "ratio", "round_ms"])
+
+
+def watched(vlm, visual, order) -> list[dict]:
+    """The six model watches over the montage, scored against the annotation, and the watched stream's cache and
+    answers against a stream with none."""
+    table, clips = pieces(), len(order)
+    truth = {text: [thing in table[name].things for name in order] for text, thing in KINDS.items()}
     fired, kv, answers, _ = stream(vlm, visual, order, model_watches(KINDS, "bench-model"), desc="6 model watches")
     _, kv_plain, answers_plain, _ = stream(vlm, visual, order, None, desc="no watch")
     recs = []
@@ -139,14 +161,9 @@ def run(args):
                                    "tiny-vlm's yes after a clip; re-arm 2 clips, cooldown 30 s"))
     same_kv = sum(a == b for a, b in zip(kv, kv_plain, strict=True))
     same_answers = sum(a == b for a, b in zip(answers, answers_plain, strict=True))
-    recs += [record("watch_model", "6 model watches", BUDGET, "clips_same_kv", same_kv, f"of {clips}"),
-             record("watch_model", "6 model watches", BUDGET, "max_kv_tokens", max(kv), f"budget {BUDGET}"),
-             record("watch_model", "no watch", BUDGET, "max_kv_tokens", max(kv_plain), f"budget {BUDGET}"),
-             record("watch_model", "6 model watches", BUDGET, "answers_same", same_answers,
-                    f"of {len(answers)} 'what is on screen?' asked every {ASKED_EVERY} clips")]
-    recs += cost(vlm, visual, order[:COST_CLIPS])
-    recs += pool_cost(vlm, visual, order[:POOL_CLIPS])
-    write(Path(args.out), "watch_model", recs, [])
-    print(f"watch_model: {clips} clips of {CLIP_S:g} s, {machine().get('cpu')}")
-    print_table(recs, ["precision", "recall", "latency_clips", "false_per_hour", "clips_same_kv", "max_kv_tokens",
-                       "answers_same", "turn_s", "perception_s", "ratio", "round_ms"])
+    return recs + [
+        record("watch_model", "6 model watches", BUDGET, "clips_same_kv", same_kv, f"of {clips}"),
+        record("watch_model", "6 model watches", BUDGET, "max_kv_tokens", max(kv), f"budget {BUDGET}"),
+        record("watch_model", "no watch", BUDGET, "max_kv_tokens", max(kv_plain), f"budget {BUDGET}"),
+        record("watch_model", "6 model watches", BUDGET, "answers_same", same_answers,
+               f"of {len(answers)} 'what is on screen?' asked every {ASKED_EVERY} clips")]
