@@ -282,7 +282,8 @@ def log_answer(intent: Intent, resolution: Resolution) -> str | None:
         if hits:
             which = "first" if intent.when == "first" else "last"
             meta = hits[0] if which == "first" else hits[-1]
-            return f"yes, {which} at {clock(meta['start'])} (clip {meta['clip']})"
+            # the clip's span, not its start: a thing last seen in 0:05-0:08 was still there after 0:05
+            return f"yes, {which} seen in clip {meta['clip']} ({clock(meta['start'])}-{clock(meta['end'])})"
     if intent.when in ("now", "named", "start", "ago", "within", "before", "after") or not intent.things:
         return None
     if intent.kind == "count":

@@ -78,7 +78,7 @@ def test_a_model_without_words_gets_the_detections_in_its_clip_log():
     assert "person" in encoded.meta["objects"] and "person" in encoded.meta["seen"]
     adapter.append_clip(session, encoded, 1, 4.0, 8.0)
     reading = adapter.read_question("did you see a person?", session.store.clips(), 8.0)
-    assert reading.direct == "yes, last at 0:04 (clip 1)"
+    assert reading.direct == "yes, last seen in clip 1 (0:04-0:08)"
     counting = adapter.read_question("how many people are there?", session.store.clips(), 8.0)
     assert counting.direct.endswith(("person", "people"))
     at = encoded.meta["counted_at"]["person"]  # the provenance names the frame the count was read in

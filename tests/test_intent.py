@@ -89,10 +89,10 @@ def test_yes_no_answers_agree_with_the_clip_log():
         resolution = resolve(intent, LOG, NOW)
         return log_answer(intent, resolution), resolution.why
 
-    assert asked("did you see a cat?") == ("yes, last at 0:36 (clip 10)", "last cat: clip 10 (0:36-0:40)")
-    assert asked("have you ever seen a horse?") == ("yes, last at 0:24 (clip 7)", "last horse: clip 7 (0:24-0:28)")
-    assert asked("did you see a man in a suit?")[0] == "yes, last at 0:16 (clip 5)"
-    assert asked("did you see a cat in the last ten seconds?")[0] == "yes, last at 0:36 (clip 10)"
+    assert asked("did you see a cat?") == ("yes, last seen in clip 10 (0:36-0:40)", "last cat: clip 10 (0:36-0:40)")
+    assert asked("have you ever seen a horse?") == ("yes, last seen in clip 7 (0:24-0:28)", "last horse: clip 7 (0:24-0:28)")
+    assert asked("did you see a man in a suit?")[0] == "yes, last seen in clip 5 (0:16-0:20)"
+    assert asked("did you see a cat in the last ten seconds?")[0] == "yes, last seen in clip 10 (0:36-0:40)"
     assert asked("did you see a man on a horse?")[0] is None  # no clip holds both
     assert asked("did you see a dog?")[0] is None and asked("did you see a bicycle in the last ten seconds?")[0] is None
     assert asked("is there a cat now?")[0] is None
@@ -154,7 +154,7 @@ def test_plain_words_about_an_evicted_photo_on_real_tiny_vlm(vlm, policy):
         start = engine.answer(Question("what was on screen at the start?"))
         now = engine.answer(Question("is there a cat now?"))
     assert past.looked_up.startswith("last cat: clip 1") and past.source == "clip log"  # whatever the cache holds
-    assert past.answer == "yes, last at 0:00 (clip 1)" and past.recalled == []
+    assert past.answer == "yes, last seen in clip 1 (0:00-0:04)" and past.recalled == []
     assert now.recalled == [] and now.answer.startswith("no")
     if policy == "inf_mllm+recall":
         assert [c["clip"] for c in start.recalled] == [1] and "cat" in start.answer

@@ -267,7 +267,7 @@ def test_the_library_call_reads_a_question_as_the_engine_does(vlm):
     assert [meta["clip"] for _, meta in session.last_recalled] == [1]
     assert vlm.answer(session, "is there a rocket now?") == "yes" and session.last_recalled == []
     turns = session.turns  # the clip log's own answers: the model is not asked
-    assert vlm.answer(session, "did you see a cat?") == "yes, last at 0:00 (clip 1)"
+    assert vlm.answer(session, "did you see a cat?") == "yes, last seen in clip 1 (0:00-0:02)"
     assert vlm.answer(session, "when did you see a cat?") == "at 0:00 (clip 1)" and session.turns == turns
     assert vlm.answer(session, "what did you see?").startswith("0:00 cat; 0:")
 
