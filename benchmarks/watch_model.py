@@ -29,7 +29,7 @@ from streaming.watches import Watcher, Watches
 
 from .common import machine, print_table, record, write
 from .natural import CLIP_S, HOUR_CLIPS, compose, encode_pieces, pieces
-from .watch import BUDGET, KINDS, score, see_seconds
+from .watch import BUDGET, KINDS, score, see_seconds, truth_of
 
 ASKED_EVERY = 25  # clips between the streams' own questions
 COST_CLIPS = 60
@@ -149,8 +149,7 @@ def run(args):
 def watched(vlm, visual, order) -> list[dict]:
     """The six model watches over the montage, scored against the annotation, and the watched stream's cache and
     answers against a stream with none."""
-    table, clips = pieces(), len(order)
-    truth = {text: [thing in table[name].things for name in order] for text, thing in KINDS.items()}
+    truth = truth_of(pieces(), order)
     fired, kv, answers, _ = stream(vlm, visual, order, model_watches(KINDS, "bench-model"), desc="6 model watches")
     _, kv_plain, answers_plain, _ = stream(vlm, visual, order, None, desc="no watch")
     recs = []
@@ -162,7 +161,7 @@ def watched(vlm, visual, order) -> list[dict]:
     same_kv = sum(a == b for a, b in zip(kv, kv_plain, strict=True))
     same_answers = sum(a == b for a, b in zip(answers, answers_plain, strict=True))
     return recs + [
-        record("watch_model", "6 model watches", BUDGET, "clips_same_kv", same_kv, f"of {clips}"),
+        record("watch_model", "6 model watches", BUDGET, "clips_same_kv", same_kv, f"of {len(order)}"),
         record("watch_model", "6 model watches", BUDGET, "max_kv_tokens", max(kv), f"budget {BUDGET}"),
         record("watch_model", "no watch", BUDGET, "max_kv_tokens", max(kv_plain), f"budget {BUDGET}"),
         record("watch_model", "6 model watches", BUDGET, "answers_same", same_answers,

@@ -3,7 +3,8 @@ and a repeat, on hand-made truths; and its replay of a clip log fires what the s
 
 import pytest
 
-from benchmarks.watch import events, replay, score
+from benchmarks.natural import pieces
+from benchmarks.watch import events, replay, score, truth_of
 from streaming.watches import Watches, read_watches
 
 
@@ -23,6 +24,15 @@ def test_an_event_is_alerted_once_and_everything_else_is_false_or_a_repeat():
     assert got["false_per_quiet_hour"] == pytest.approx(2 / (12 * 4 / 3600))
     assert got["latency_clips"] == 0  # the median of 0, 0, 0 and 1 clips
     assert score([], truth)["precision"] is None and score([], truth)["recall"] == 0
+
+
+def test_a_person_watch_holds_the_astronaut_photo_and_a_dog_watch_holds_nothing():
+    """The annotation names the astronaut photo's thing "astronaut"; it is a portrait of a person in her suit, so a
+    person watch's alert there is right (the cameraman's person is in the annotation already)."""
+    order = ["astronaut", "camera", "bikes-a", "bunny-a", "horse", "chelsea"]
+    truth = truth_of(pieces(), order)
+    assert truth["a person"] == [True, True, True, False, False, False]
+    assert truth["a dog"] == [False] * 6 and truth["a cat"] == [False] * 5 + [True]
 
 
 def test_the_replay_fires_what_a_stream_fires_on_the_same_clip_log():
