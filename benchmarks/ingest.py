@@ -13,6 +13,9 @@ drops a clip the model has no room for). Two parts:
   (`INF_MLLM_PERCEPTION_RUNTIME=torch`: the eyes before issue 70), the change gate on and off. For each, N grows in
   steps until a stream drops a frame or its last clip comes more than `LAG_S` after its video time; the largest N that
   held is the figure.
+
+`--policies speed busy still torch` picks the parts (all by default); the language model's products follow
+`INF_MLLM_LINEAR` as `stream-qa` does (the streams inherit the environment).
 """
 
 import os
@@ -98,10 +101,16 @@ def cameras(footage: str, video: str, loops: int, steps, runtime: str, gate: boo
     return recs + [record("ingest", policy, None, "streams", best, "held in real time")]
 
 
+PARTS = ("speed", "busy", "still", "torch")  # `--policies` picks some; "torch": the cameras on torch's perception too
+
+
 def run(args):
+    parts = args.policies or PARTS
+    if set(parts) - set(PARTS):
+        raise SystemExit(f"ingest: --policies takes parts of the run: {', '.join(PARTS)}")
     loops = 2 if args.quick else 6
     recs, preset = [], "detect+tiles@0.2+person"
-    for n in (1, 4):
+    for n in (1, 4) if "speed" in parts else ():
         for stream, got in run_streams(n, loops).items():
             x = f"{n} stream(s), stream {stream}"
             recs.append(record("ingest", preset, None, "ingest_speed", got["median"], f"{x}, median"))
@@ -112,9 +121,10 @@ def run(args):
 
         with tempfile.TemporaryDirectory() as tmp:
             still = str(still_video(Path(tmp) / "still.mp4", seconds=60.0))
-            for runtime in ("onnx", "torch"):
-                recs += cameras("busy (bikes.mp4)", str(bundled_clip("bikes.mp4")), 6, BUSY_STEPS, runtime, True)
-                for gate in (True, False):
+            for runtime in ("onnx", "torch") if "torch" in parts else ("onnx",):
+                if "busy" in parts:
+                    recs += cameras("busy (bikes.mp4)", str(bundled_clip("bikes.mp4")), 6, BUSY_STEPS, runtime, True)
+                for gate in (True, False) if "still" in parts else ():
                     recs += cameras("still camera", still, 1, STILL_STEPS, runtime, gate)
     write(args.out, "ingest", recs, [])
     print_table(recs, ["ingest_speed", "answers", "dropped", "wall_s", "streams"])
