@@ -293,6 +293,8 @@ def log_answer(intent: Intent, resolution: Resolution) -> str | None:
         if not resolution.targets:
             return "never"
         meta = resolution.targets[0]
+        if intent.when == "last":  # seen up to the clip's end: its start alone would date the last sight too early
+            return f"last in clip {meta['clip']} ({clock(meta['start'])}-{clock(meta['end'])})"
         return f"at {clock(meta['start'])} (clip {meta['clip']})"
     return None
 

@@ -73,7 +73,7 @@ def test_when_and_how_often_are_read_off_the_clip_log():
         return log_answer(intent, resolve(intent, LOG, NOW))
 
     assert answer("when did the rocket appear?") == "at 0:28 (clip 8)"
-    assert answer("when did you last see a cat?") == "at 0:36 (clip 10)"
+    assert answer("when did you last see a cat?") == "last in clip 10 (0:36-0:40)"
     assert answer("how many times did you see a cat?") == "twice"  # clips 3-4 are one sighting, 10 another
     assert answer("how many times did you see a dog?") == "never"
     assert answer("when did the dog appear?") == "never"
