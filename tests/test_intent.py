@@ -90,7 +90,8 @@ def test_yes_no_answers_agree_with_the_clip_log():
         return log_answer(intent, resolution), resolution.why
 
     assert asked("did you see a cat?") == ("yes, last seen in clip 10 (0:36-0:40)", "last cat: clip 10 (0:36-0:40)")
-    assert asked("have you ever seen a horse?") == ("yes, last seen in clip 7 (0:24-0:28)", "last horse: clip 7 (0:24-0:28)")
+    assert asked("have you ever seen a horse?") == ("yes, last seen in clip 7 (0:24-0:28)",
+                                                   "last horse: clip 7 (0:24-0:28)")
     assert asked("did you see a man in a suit?")[0] == "yes, last seen in clip 5 (0:16-0:20)"
     assert asked("did you see a cat in the last ten seconds?")[0] == "yes, last seen in clip 10 (0:36-0:40)"
     assert asked("did you see a man on a horse?")[0] is None  # no clip holds both
