@@ -168,6 +168,15 @@ def fraction_of_full(value: float, full: float, lower_is_better: bool = False) -
     return value / full if full > 0 else float("nan")
 
 
+def parts(args, benchmark: str, choices: tuple[str, ...]) -> tuple[str, ...]:
+    """The parts of a benchmark's run that `--policies` names (all where it names none); a part it lacks ends the run
+    with one line."""
+    chosen = tuple(args.policies or choices)
+    if set(chosen) - set(choices):
+        raise SystemExit(f"{benchmark}: --policies takes parts of the run: {', '.join(choices)}")
+    return chosen
+
+
 def rss_mb() -> float:
     return psutil.Process(os.getpid()).memory_info().rss / 2**20
 

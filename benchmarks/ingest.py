@@ -29,7 +29,7 @@ from pathlib import Path
 
 from streaming.sources import bundled_clip
 
-from .common import print_table, record, write
+from .common import parts, print_table, record, write
 
 SPEED = re.compile(r"(?:\[stream (\d+) [^\]]*\] )?\[\s*([\d.]+)s\] clip\s+(\d+) .*ingest ([\d.]+)x real time"
                    r"(?: \| dropped (\d+))?")
@@ -105,12 +105,10 @@ PARTS = ("speed", "busy", "still", "torch")  # `--policies` picks some; "torch":
 
 
 def run(args):
-    parts = args.policies or PARTS
-    if set(parts) - set(PARTS):
-        raise SystemExit(f"ingest: --policies takes parts of the run: {', '.join(PARTS)}")
+    chosen = parts(args, "ingest", PARTS)
     loops = 2 if args.quick else 6
     recs, preset = [], "detect+tiles@0.2+person"
-    for n in (1, 4) if "speed" in parts else ():
+    for n in (1, 4) if "speed" in chosen else ():
         for stream, got in run_streams(n, loops).items():
             x = f"{n} stream(s), stream {stream}"
             recs.append(record("ingest", preset, None, "ingest_speed", got["median"], f"{x}, median"))
@@ -121,10 +119,10 @@ def run(args):
 
         with tempfile.TemporaryDirectory() as tmp:
             still = str(still_video(Path(tmp) / "still.mp4", seconds=60.0))
-            for runtime in ("onnx", "torch") if "torch" in parts else ("onnx",):
-                if "busy" in parts:
+            for runtime in ("onnx", "torch") if "torch" in chosen else ("onnx",):
+                if "busy" in chosen:
                     recs += cameras("busy (bikes.mp4)", str(bundled_clip("bikes.mp4")), 6, BUSY_STEPS, runtime, True)
-                for gate in (True, False) if "still" in parts else ():
+                for gate in (True, False) if "still" in chosen else ():
                     recs += cameras("still camera", still, 1, STILL_STEPS, runtime, gate)
     write(args.out, "ingest", recs, [])
     print_table(recs, ["ingest_speed", "answers", "dropped", "wall_s", "streams"])

@@ -27,7 +27,7 @@ from streaming.engine import Clip, TurnEngine
 from streaming.questions import Question
 from streaming.watches import Watcher, Watches
 
-from .common import machine, print_table, record, write
+from .common import machine, parts, print_table, record, write
 from .natural import CLIP_S, HOUR_CLIPS, compose, encode_pieces, pieces
 from .watch import BUDGET, KINDS, score, see_seconds, truth_of
 
@@ -128,17 +128,15 @@ PARTS = ("watches", "cost", "pool")  # `--policies` picks: the montage's alerts 
 
 
 def run(args):
-    parts = args.policies or PARTS
-    if set(parts) - set(PARTS):
-        raise SystemExit(f"watch_model: --policies takes parts of the run: {', '.join(PARTS)}")
+    chosen = parts(args, "watch_model", PARTS)
     clips = int(args.tokens) if getattr(args, "tokens", None) else (150 if args.quick else HOUR_CLIPS)
     order = compose(random.Random(0), clips)
     vlm = TinyVLM()
-    visual = encode_pieces(vlm, set(order) if "watches" in parts else set(order[:COST_CLIPS]))
-    recs = watched(vlm, visual, order) if "watches" in parts else []
-    if "cost" in parts:
+    visual = encode_pieces(vlm, set(order) if "watches" in chosen else set(order[:COST_CLIPS]))
+    recs = watched(vlm, visual, order) if "watches" in chosen else []
+    if "cost" in chosen:
         recs += cost(vlm, visual, order[:COST_CLIPS])
-    if "pool" in parts:
+    if "pool" in chosen:
         recs += pool_cost(vlm, visual, order[:POOL_CLIPS])
     write(Path(args.out), "watch_model", recs, [])
     print(f"watch_model: {clips} clips of {CLIP_S:g} s, {machine().get('cpu')}")

@@ -198,14 +198,13 @@ def _resolve(intent: Intent, log: list[dict], now: float) -> Resolution:
     def one(meta: dict | None, why: str) -> Resolution:
         if meta is None:
             return Resolution([], None, why, hits)
-        return Resolution([meta], None if meta is log[-1] else meta, f"{why}: clip {meta['clip']} "
-                          f"({clock(meta['start'])}-{clock(meta['end'])})", hits)
+        return Resolution([meta], None if meta is log[-1] else meta, f"{why}: {clip_span(meta)}", hits)
 
     if intent.when == "named":
         targets = [m for m in log if intent.named(m)]
         focus = targets[-1] if targets else None
         return Resolution(targets, None if focus is log[-1] else focus,
-                          "named: " + ", ".join(f"clip {m['clip']} ({clock(m['start'])}-{clock(m['end'])})"
+                          "named: " + ", ".join(clip_span(m)
                                                 for m in targets) if targets else
                           "the clip or time named has not been seen", hits)
     if intent.when == "start":
@@ -257,7 +256,7 @@ def _most(intent: Intent, log: list[dict], now: float) -> Resolution | None:
     if not tally(best, word) and not sees(best, word):
         return Resolution([], None, f"no {word} counted in {len(span)} clip(s)", latest=best)
     return Resolution([best], None if best is log[-1] else best, f"the most {_plural(word)} in one of {len(span)} "
-                      f"clip(s): clip {best['clip']} ({clock(best['start'])}-{clock(best['end'])})")
+                      f"clip(s): {clip_span(best)}")
 
 
 def linking(resolution: Resolution) -> Callable[[dict], bool] | None:
@@ -283,7 +282,7 @@ def log_answer(intent: Intent, resolution: Resolution) -> str | None:
             which = "first" if intent.when == "first" else "last"
             meta = hits[0] if which == "first" else hits[-1]
             # the clip's span, not its start: a thing last seen in 0:05-0:08 was still there after 0:05
-            return f"yes, {which} seen in clip {meta['clip']} ({clock(meta['start'])}-{clock(meta['end'])})"
+            return f"yes, {which} seen in {clip_span(meta)}"
     if intent.when in ("now", "named", "start", "ago", "within", "before", "after") or not intent.things:
         return None
     if intent.kind == "count":
@@ -294,7 +293,7 @@ def log_answer(intent: Intent, resolution: Resolution) -> str | None:
             return "never"
         meta = resolution.targets[0]
         if intent.when == "last":  # seen up to the clip's end: its start alone would date the last sight too early
-            return f"last in clip {meta['clip']} ({clock(meta['start'])}-{clock(meta['end'])})"
+            return f"last in {clip_span(meta)}"
         return f"at {clock(meta['start'])} (clip {meta['clip']})"
     return None
 
@@ -351,6 +350,11 @@ def summary(log: list[dict], most: int = 8) -> str:
     more = f"; and {len(parts) - most} more" if len(parts) > most else ""
     span = f"{len(log)} clip(s), {clock(log[0]['start'])}-{clock(log[-1]['end'])}" if log else "no clip yet"
     return ("; ".join(parts[:most]) or "nothing recognised") + more + f" ({span})"
+
+
+def clip_span(meta: dict) -> str:
+    """"clip 3 (0:05-0:08)": a clip as answers and provenance lines name it."""
+    return f"clip {meta['clip']} ({clock(meta['start'])}-{clock(meta['end'])})"
 
 
 def clock(seconds: float) -> str:
